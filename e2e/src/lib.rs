@@ -1,0 +1,44 @@
+//! Harness for the end-to-end tests: a real Synapse (started by `scripts/synapse.sh`), the real
+//! `agent` and `surface` binaries as child processes, and a Matrix user speaking the
+//! client-server API over HTTP.
+
+pub mod matrix;
+pub mod procs;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+pub use matrix::{Homeserver, User};
+pub use procs::{Child, Stack, StackOptions};
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// A short random lowercase id for unique user names and file names.
+pub fn unique(prefix: &str) -> String {
+    use rand::Rng;
+    let n: u64 = rand::rng().random();
+    format!("{prefix}{:012x}", n & 0xffff_ffff_ffff)
+}

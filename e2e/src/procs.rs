@@ -1,0 +1,312 @@
+//! The real `agent` and `surface` binaries as child processes with their own workspace, state
+//! directories and logs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::{Homeserver, User, unique};
+
+/// Where cargo put the workspace's binaries (next to the test binary's `deps/`).
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (`cargo build --workspace`)",
+        path.display()
+    );
+    path
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A running child process whose output goes to a log file; killed on drop.
+#[derive(Debug)]
+pub struct Child {
+    name: String,
+    program: PathBuf,
+    env: BTreeMap<String, String>,
+    log: PathBuf,
+    child: Option<tokio::process::Child>,
+}
+
+impl Child {
+    fn spawn(
+        name: &str,
+        program: PathBuf,
+        env: BTreeMap<String, String>,
+        log: PathBuf,
+    ) -> Result<Self> {
+        let mut me = Self {
+            name: name.to_owned(),
+            program,
+            env,
+            log,
+            child: None,
+        };
+        me.start()?;
+        Ok(me)
+    }
+
+    /// Starts the process again (after [`Child::kill9`] or [`Child::stop`]), appending to its log.
+    pub fn start(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = tokio::process::Command::new(&self.program)
+            .env_clear()
+            .envs(&self.env)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawn {}", self.program.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Process id, if running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(tokio::process::Child::id)
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub async fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the exit code.
+    pub async fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        if let Some(pid) = c.id() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        match tokio::time::timeout(Duration::from_secs(20), c.wait()).await {
+            Ok(Ok(status)) => status.code(),
+            _ => {
+                let _ = c.kill().await;
+                None
+            }
+        }
+    }
+
+    /// Peak resident set size so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Prints the last lines of the log to stderr (for failing tests).
+    pub fn dump(&self) {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(80)..];
+        eprintln!(
+            "----- last log lines of {} -----\n{}\n-----",
+            self.name,
+            tail.join("\n")
+        );
+    }
+}
+
+/// Knobs for [`Stack::start`].
+#[derive(Debug, Clone, Default)]
+pub struct StackOptions {
+    /// `SURFACE_MAX_FILE_SIZE`, e.g. `300MiB`.
+    pub max_file_size: Option<String>,
+    /// Extra surface environment.
+    pub surface_env: BTreeMap<String, String>,
+}
+
+/// One agent + one surface (logged in as a fresh bot account) sharing a temporary workspace.
+#[derive(Debug)]
+pub struct Stack {
+    /// The bot account the surface runs as.
+    pub bot: User,
+    /// The agent process.
+    pub agent: Child,
+    /// The surface process.
+    pub surface: Child,
+    /// The shared workspace folder.
+    pub workspace: PathBuf,
+    /// `http://127.0.0.1:<port>` of the surface's health endpoint.
+    pub surface_health: String,
+    /// `http://127.0.0.1:<port>` of the agent.
+    pub agent_http: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Stack {
+    /// Starts agent and surface and waits until both report healthy.
+    pub async fn start(hs: &Homeserver, opts: StackOptions) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("mxbridge-e2e-").tempdir()?;
+        let workspace = dir.path().join("workspace");
+        std::fs::create_dir_all(&workspace)?;
+        let token = unique("agent-token-");
+        let agent_port = free_port();
+        let health_port = free_port();
+        let base = |extra: &[(&str, String)]| {
+            let mut env: BTreeMap<String, String> = extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect();
+            env.insert(
+                "RUST_LOG".into(),
+                "info,matrix_sdk=warn,matrix_sdk_base=warn".into(),
+            );
+            env.insert("WORKSPACE_ROOT".into(), workspace.display().to_string());
+            env
+        };
+        let agent = Child::spawn(
+            "agent",
+            bin("agent"),
+            base(&[
+                ("AGENT_BIND", format!("127.0.0.1:{agent_port}")),
+                ("AGENT_TOKEN", token.clone()),
+                (
+                    "AGENT_STATE_DIR",
+                    dir.path().join("agent-state").display().to_string(),
+                ),
+            ]),
+            dir.path().join("agent.log"),
+        )?;
+        let agent_http = format!("http://127.0.0.1:{agent_port}");
+        wait_healthy(&agent, &format!("{agent_http}/healthz")).await;
+
+        let bot = hs.register(&unique("bot"), false).await?;
+        let mut env = base(&[
+            ("MATRIX_HOMESERVER_URL", hs.url.clone()),
+            ("MATRIX_USER_ID", bot.user_id.clone()),
+            ("MATRIX_ACCESS_TOKEN", bot.token.clone()),
+            ("MATRIX_DEVICE_ID", bot.device_id.clone()),
+            ("AGENT_URL", format!("ws://127.0.0.1:{agent_port}")),
+            ("AGENT_TOKEN", token),
+            (
+                "SURFACE_STATE_DIR",
+                dir.path().join("surface-state").display().to_string(),
+            ),
+            ("SURFACE_HEALTH_BIND", format!("127.0.0.1:{health_port}")),
+            ("SURFACE_ALLOWED_USERS", "*".into()),
+        ]);
+        if let Some(size) = &opts.max_file_size {
+            env.insert("SURFACE_MAX_FILE_SIZE".into(), size.clone());
+        }
+        env.extend(opts.surface_env.clone());
+        let surface = Child::spawn(
+            "surface",
+            bin("surface"),
+            env,
+            dir.path().join("surface.log"),
+        )?;
+        let surface_health = format!("http://127.0.0.1:{health_port}");
+        wait_healthy(&surface, &format!("{surface_health}/healthz")).await;
+        Ok(Self {
+            bot,
+            agent,
+            surface,
+            workspace,
+            surface_health,
+            agent_http,
+            _dir: dir,
+        })
+    }
+
+    /// Waits until the surface answers its health check with 200 again (after a restart).
+    pub async fn wait_surface_healthy(&self) {
+        wait_healthy(&self.surface, &format!("{}/healthz", self.surface_health)).await;
+    }
+
+    /// Waits until the agent answers its health check again (after a restart).
+    pub async fn wait_agent_healthy(&self) {
+        wait_healthy(&self.agent, &format!("{}/healthz", self.agent_http)).await;
+    }
+
+    /// Every regular file under `dir` (relative to the workspace), recursively, sorted.
+    pub fn files_under(&self, dir: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        walk(&self.workspace, &self.workspace.join(dir), &mut out);
+        out.sort();
+        out
+    }
+
+    /// Prints both processes' logs (call when a test fails).
+    pub fn dump(&self) {
+        self.agent.dump();
+        self.surface.dump();
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump();
+        }
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => walk(root, &p, out),
+            Ok(t) if t.is_file() => {
+                out.push(
+                    p.strip_prefix(root)
+                        .expect("under root")
+                        .display()
+                        .to_string(),
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn wait_healthy(child: &Child, url: &str) {
+    let http = reqwest::Client::new();
+    let ok = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            if let Ok(r) = http.get(url).send().await
+                && r.status().is_success()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    if ok.is_err() {
+        child.dump();
+        panic!("{url} did not become healthy");
+    }
+}

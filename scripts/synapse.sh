@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Throw-away Synapse for the end-to-end tests: installs a pinned Synapse from PyPI into a cached
+# virtualenv, writes a loopback-only config with registration by shared secret and test-sized
+# rate limits, and starts or stops it.
+#
+#   scripts/synapse.sh install          # create/reuse the virtualenv
+#   scripts/synapse.sh start DIR PORT   # config + data in DIR; prints export lines for the tests
+#   scripts/synapse.sh stop DIR
+set -euo pipefail
+
+SYNAPSE_VERSION="${SYNAPSE_VERSION:-1.163.2}"
+CACHE_DIR="${MXBRIDGE_CACHE:-$HOME/.cache/mxbridge}"
+VENV="${SYNAPSE_VENV:-$CACHE_DIR/synapse-venv-$SYNAPSE_VERSION}"
+
+log() { printf '[synapse] %s\n' "$*" >&2; }
+
+install() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import synapse, sys; sys.exit(synapse.__version__ != '$SYNAPSE_VERSION')" 2>/dev/null; then
+    log "reusing $VENV (Synapse $SYNAPSE_VERSION)"
+    return
+  fi
+  log "installing Synapse $SYNAPSE_VERSION into $VENV"
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "matrix-synapse==$SYNAPSE_VERSION"
+}
+
+start() {
+  local dir="$1" port="$2"
+  install
+  mkdir -p "$dir/media"
+  dir="$(cd "$dir" && pwd)"
+  local secret
+  secret="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  "$VENV/bin/generate_signing_key" -o "$dir/signing.key"
+  cat > "$dir/log.yaml" <<YAML
+version: 1
+formatters:
+  precise: {format: '%(asctime)s %(name)s %(levelname)s %(message)s'}
+handlers:
+  file: {class: logging.FileHandler, filename: $dir/homeserver.log, formatter: precise}
+root: {level: WARNING, handlers: [file]}
+disable_existing_loggers: false
+YAML
+  local fast='{per_second: 1000, burst_count: 1000}'
+  cat > "$dir/homeserver.yaml" <<YAML
+server_name: "localhost"
+public_baseurl: "http://127.0.0.1:$port/"
+pid_file: "$dir/homeserver.pid"
+listeners:
+  - port: $port
+    bind_addresses: ["127.0.0.1"]
+    type: http
+    tls: false
+    x_forwarded: false
+    resources: [{names: [client], compress: false}]
+database: {name: sqlite3, args: {database: "$dir/homeserver.db"}}
+log_config: "$dir/log.yaml"
+media_store_path: "$dir/media"
+signing_key_path: "$dir/signing.key"
+registration_shared_secret: "$secret"
+macaroon_secret_key: "$secret-macaroon"
+form_secret: "$secret-form"
+report_stats: false
+trusted_key_servers: []
+suppress_key_server_warning: true
+enable_authenticated_media: true
+max_upload_size: 512M
+url_preview_enabled: false
+presence: {enabled: false}
+rc_message: $fast
+rc_registration: $fast
+rc_login:
+  address: $fast
+  account: $fast
+  failed_attempts: $fast
+rc_joins:
+  local: $fast
+  remote: $fast
+rc_joins_per_room: $fast
+rc_invites:
+  per_room: $fast
+  per_user: $fast
+  per_issuer: $fast
+rc_admin_redaction: $fast
+rc_media_create: $fast
+rc_3pid_validation: $fast
+rc_room_creation: $fast
+YAML
+  log "starting on 127.0.0.1:$port (data in $dir)"
+  "$VENV/bin/python" -m synapse.app.homeserver --config-path "$dir/homeserver.yaml" --daemonize
+  local deadline=$((SECONDS + 90))
+  until curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; do
+    if [ $SECONDS -gt $deadline ]; then
+      log "did not become healthy; last log lines:"; tail -n 40 "$dir/homeserver.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.3
+  done
+  log "healthy"
+  echo "export E2E_HOMESERVER_URL=http://127.0.0.1:$port"
+  echo "export E2E_SERVER_NAME=localhost"
+  echo "export E2E_REGISTRATION_SECRET=$secret"
+  echo "export E2E_SYNAPSE_DIR=$dir"
+}
+
+stop() {
+  local dir="$1"
+  if [ -f "$dir/homeserver.pid" ]; then
+    local pid; pid="$(cat "$dir/homeserver.pid")"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+    log "stopped"
+  fi
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) start "$2" "$3" ;;
+  stop) stop "$2" ;;
+  *) echo "usage: $0 install | start DIR PORT | stop DIR" >&2; exit 2 ;;
+esac

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The project's whole test suite, on a machine that has never seen the project:
+#   unit and integration tests of every crate, the end-to-end tests against a real Synapse
+#   (installed from PyPI into a cached virtualenv), and the Docker Compose check when an engine
+#   is present.
+# Caches (outside the clone, safe to delete): $MXBRIDGE_CACHE (default ~/.cache/mxbridge) holds
+# the cargo target dir and the Synapse virtualenv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export MXBRIDGE_CACHE="${MXBRIDGE_CACHE:-$HOME/.cache/mxbridge}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MXBRIDGE_CACHE/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+mkdir -p "$MXBRIDGE_CACHE"
+
+step() { printf '\n=== %s (%ss)\n' "$*" "$SECONDS"; }
+
+step "tools"
+need_apt=()
+command -v curl >/dev/null || need_apt+=(curl)
+command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+scripts/synapse.sh install
+
+step "build"
+cargo build --workspace --all-targets --locked
+
+step "lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "unit and integration tests"
+cargo test --workspace --exclude e2e --locked
+
+step "end-to-end tests against a real Synapse"
+SYN_DIR="$(mktemp -d /tmp/mxbridge-synapse.XXXXXX)"
+SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+trap 'scripts/synapse.sh stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
+eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
+cargo test -p e2e --locked -- --test-threads 2 --nocapture
+
+step "docker compose end-to-end"
+if [ -x scripts/docker-e2e.sh ]; then
+  scripts/docker-e2e.sh
+else
+  echo "DOCKER E2E NOT RUN: scripts/docker-e2e.sh does not exist yet"
+fi
+
+step "all tests passed"
