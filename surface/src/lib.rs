@@ -1,1 +1,7 @@
-//! placeholder
+//! The Matrix surface: the only process that talks to Matrix. It journals incoming messages,
+//! downloads their media into the shared workspace, runs one lane per chat that forwards turns
+//! to the agent over a WebSocket, and renders the agent's answers back into the room.
+
+pub mod config;
+pub mod decide;
+pub mod journal;

@@ -1,0 +1,418 @@
+//! The surface's configuration: read from the environment, converted to rich types and validated
+//! before anything logs in or binds.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use matrix_sdk::ruma::{OwnedDeviceId, OwnedUserId};
+use url::Url;
+use wildmatch::WildMatch;
+
+/// A secret string: usable by the code, never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    /// The secret itself. Callers must not log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// How the bot authenticates on its first start.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// `MATRIX_ACCESS_TOKEN` + `MATRIX_DEVICE_ID`.
+    Token {
+        /// The access token.
+        access_token: Secret,
+        /// The device the token belongs to.
+        device_id: OwnedDeviceId,
+    },
+    /// `MATRIX_PASSWORD`: log in once, then reuse the persisted session.
+    Password(Secret),
+}
+
+/// Everything the surface needs to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `MATRIX_HOMESERVER_URL`.
+    pub homeserver_url: Url,
+    /// `MATRIX_USER_ID`: the bot's own user id.
+    pub user_id: OwnedUserId,
+    /// How to authenticate when no session is persisted yet.
+    pub auth: Auth,
+    /// `AGENT_URL`: base `ws://` / `wss://` URL of the agent.
+    pub agent_url: Url,
+    /// `AGENT_TOKEN`: bearer token for the agent's WebSocket.
+    pub agent_token: Secret,
+    /// `WORKSPACE_ROOT`: absolute path of the shared workspace.
+    pub workspace_root: PathBuf,
+    /// `SURFACE_STATE_DIR`: absolute path for the session, the SDK store and the journal.
+    pub state_dir: PathBuf,
+    /// `SURFACE_ALLOWED_USERS`: globs of user ids whose messages and invites are accepted.
+    pub allowed_users: Vec<String>,
+    /// `SURFACE_MAX_FILE_SIZE`: largest file downloaded or uploaded, in bytes.
+    pub max_file_size: u64,
+    /// `SURFACE_SHOW_TOOL_CALLS`: post compact notices for tool calls.
+    pub show_tool_calls: bool,
+    /// `SURFACE_HEALTH_BIND`: address of the `/healthz` endpoint.
+    pub health_bind: SocketAddr,
+    /// `SURFACE_INBOX_RETENTION`: age after which inbox files are removed (`None`: forever).
+    pub inbox_retention: Option<Duration>,
+}
+
+/// A setting that is missing or malformed. The message names the variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is not set (or empty).
+    #[error("{0} is required but not set")]
+    Missing(&'static str),
+    /// A variable is set to something unusable.
+    #[error("{var} is invalid: {reason}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// What is wrong, without echoing secrets.
+        reason: String,
+    },
+}
+
+fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        var,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `get` (testable without touching the environment).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        // Empty values count as unset: compose files often pass `VAR=`.
+        let get = |name: &str| {
+            get(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let required = |name: &'static str| get(name).ok_or(ConfigError::Missing(name));
+
+        let homeserver_url =
+            parse_http_url("MATRIX_HOMESERVER_URL", &required("MATRIX_HOMESERVER_URL")?)?;
+        let user_id: OwnedUserId = required("MATRIX_USER_ID")?
+            .parse()
+            .map_err(|e| invalid("MATRIX_USER_ID", format!("not a Matrix user id ({e})")))?;
+
+        let auth = match (get("MATRIX_ACCESS_TOKEN"), get("MATRIX_PASSWORD")) {
+            (Some(token), _) => {
+                let device =
+                    get("MATRIX_DEVICE_ID").ok_or(ConfigError::Missing("MATRIX_DEVICE_ID"))?;
+                Auth::Token {
+                    access_token: Secret::new(token),
+                    device_id: device.into(),
+                }
+            }
+            (None, Some(password)) => Auth::Password(Secret::new(password)),
+            (None, None) => {
+                return Err(invalid(
+                    "MATRIX_ACCESS_TOKEN",
+                    "set MATRIX_ACCESS_TOKEN + MATRIX_DEVICE_ID, or MATRIX_PASSWORD",
+                ));
+            }
+        };
+
+        let agent_url_raw = required("AGENT_URL")?;
+        let agent_url =
+            Url::parse(&agent_url_raw).map_err(|e| invalid("AGENT_URL", e.to_string()))?;
+        if !matches!(agent_url.scheme(), "ws" | "wss") || agent_url.host().is_none() {
+            return Err(invalid(
+                "AGENT_URL",
+                "must be a ws:// or wss:// URL with a host",
+            ));
+        }
+
+        let agent_token = required("AGENT_TOKEN")?;
+        if agent_token.chars().count() < 16 {
+            return Err(invalid("AGENT_TOKEN", "must be at least 16 characters"));
+        }
+
+        let workspace_root = absolute_path(
+            "WORKSPACE_ROOT",
+            get("WORKSPACE_ROOT").unwrap_or_else(|| "/workspace".into()),
+        )?;
+        let state_dir = absolute_path(
+            "SURFACE_STATE_DIR",
+            get("SURFACE_STATE_DIR").unwrap_or_else(|| "/var/lib/surface".into()),
+        )?;
+
+        let allowed_users = match get("SURFACE_ALLOWED_USERS") {
+            Some(list) => {
+                let globs: Vec<String> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if globs.is_empty() {
+                    return Err(invalid("SURFACE_ALLOWED_USERS", "no patterns given"));
+                }
+                if let Some(bad) = globs
+                    .iter()
+                    .find(|g| !g.starts_with('@') && !g.starts_with('*'))
+                {
+                    return Err(invalid(
+                        "SURFACE_ALLOWED_USERS",
+                        format!("pattern {bad:?} cannot match a user id (must start with @ or *)"),
+                    ));
+                }
+                globs
+            }
+            None => vec![format!("@*:{}", user_id.server_name())],
+        };
+
+        let max_file_size = match get("SURFACE_MAX_FILE_SIZE") {
+            Some(v) => v
+                .parse::<bytesize::ByteSize>()
+                .map_err(|e| invalid("SURFACE_MAX_FILE_SIZE", e))?
+                .as_u64(),
+            None => 100 * 1024 * 1024,
+        };
+        if max_file_size == 0 {
+            return Err(invalid("SURFACE_MAX_FILE_SIZE", "must be greater than 0"));
+        }
+
+        let show_tool_calls = match get("SURFACE_SHOW_TOOL_CALLS").as_deref() {
+            None => false,
+            Some(v) => parse_bool(v)
+                .ok_or_else(|| invalid("SURFACE_SHOW_TOOL_CALLS", "expected true or false"))?,
+        };
+
+        let health_bind = get("SURFACE_HEALTH_BIND")
+            .unwrap_or_else(|| "0.0.0.0:8701".into())
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("SURFACE_HEALTH_BIND", format!("expected host:port ({e})")))?;
+
+        let inbox_retention = match get("SURFACE_INBOX_RETENTION").as_deref() {
+            None | Some("forever") => None,
+            Some(v) => {
+                let d = humantime::parse_duration(v).map_err(|e| {
+                    invalid(
+                        "SURFACE_INBOX_RETENTION",
+                        format!("{e} (e.g. 30d or forever)"),
+                    )
+                })?;
+                if d.is_zero() {
+                    return Err(invalid("SURFACE_INBOX_RETENTION", "must be longer than 0"));
+                }
+                Some(d)
+            }
+        };
+
+        Ok(Self {
+            homeserver_url,
+            user_id,
+            auth,
+            agent_url,
+            agent_token: Secret::new(agent_token),
+            workspace_root,
+            state_dir,
+            allowed_users,
+            max_file_size,
+            show_tool_calls,
+            health_bind,
+            inbox_retention,
+        })
+    }
+
+    /// Whether `user_id` matches one of the allowed-user globs.
+    pub fn is_allowed(&self, user_id: &str) -> bool {
+        self.allowed_users
+            .iter()
+            .any(|g| WildMatch::new(g).matches(user_id))
+    }
+}
+
+fn parse_http_url(var: &'static str, raw: &str) -> Result<Url, ConfigError> {
+    let url = Url::parse(raw).map_err(|e| invalid(var, e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(invalid(
+            var,
+            "must be an http:// or https:// URL with a host",
+        ));
+    }
+    Ok(url)
+}
+
+fn absolute_path(var: &'static str, raw: String) -> Result<PathBuf, ConfigError> {
+    let p = PathBuf::from(raw);
+    if !p.is_absolute() {
+        return Err(invalid(var, "must be an absolute path"));
+    }
+    Ok(p)
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn base() -> HashMap<&'static str, String> {
+        HashMap::from([
+            ("MATRIX_HOMESERVER_URL", "http://127.0.0.1:8008".to_owned()),
+            ("MATRIX_USER_ID", "@bot:example.org".to_owned()),
+            ("MATRIX_PASSWORD", "hunter2hunter2".to_owned()),
+            ("AGENT_URL", "ws://127.0.0.1:8700".to_owned()),
+            ("AGENT_TOKEN", "0123456789abcdef".to_owned()),
+        ])
+    }
+
+    fn load(env: &HashMap<&'static str, String>) -> Result<Config, ConfigError> {
+        Config::from_lookup(|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load(&base()).unwrap();
+        assert_eq!(c.workspace_root, PathBuf::from("/workspace"));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/surface"));
+        assert_eq!(c.allowed_users, vec!["@*:example.org".to_owned()]);
+        assert_eq!(c.max_file_size, 100 * 1024 * 1024);
+        assert!(!c.show_tool_calls);
+        assert_eq!(c.health_bind, "0.0.0.0:8701".parse().unwrap());
+        assert_eq!(c.inbox_retention, None);
+        assert!(c.is_allowed("@alice:example.org"));
+        assert!(!c.is_allowed("@eve:evil.org"));
+        assert!(matches!(c.auth, Auth::Password(_)));
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let cases: &[(&str, Option<&str>, &str)] = &[
+            (
+                "MATRIX_HOMESERVER_URL",
+                None,
+                "MATRIX_HOMESERVER_URL is required",
+            ),
+            (
+                "MATRIX_HOMESERVER_URL",
+                Some("ftp://x"),
+                "MATRIX_HOMESERVER_URL is invalid",
+            ),
+            ("MATRIX_USER_ID", Some("bot"), "MATRIX_USER_ID is invalid"),
+            (
+                "AGENT_URL",
+                Some("http://agent:8700"),
+                "AGENT_URL is invalid",
+            ),
+            ("AGENT_URL", None, "AGENT_URL is required"),
+            ("AGENT_TOKEN", Some("short"), "AGENT_TOKEN is invalid"),
+            (
+                "WORKSPACE_ROOT",
+                Some("relative/ws"),
+                "WORKSPACE_ROOT is invalid",
+            ),
+            (
+                "SURFACE_STATE_DIR",
+                Some("state"),
+                "SURFACE_STATE_DIR is invalid",
+            ),
+            (
+                "SURFACE_MAX_FILE_SIZE",
+                Some("lots"),
+                "SURFACE_MAX_FILE_SIZE is invalid",
+            ),
+            (
+                "SURFACE_SHOW_TOOL_CALLS",
+                Some("maybe"),
+                "SURFACE_SHOW_TOOL_CALLS is invalid",
+            ),
+            (
+                "SURFACE_HEALTH_BIND",
+                Some("8701"),
+                "SURFACE_HEALTH_BIND is invalid",
+            ),
+            (
+                "SURFACE_INBOX_RETENTION",
+                Some("soon"),
+                "SURFACE_INBOX_RETENTION is invalid",
+            ),
+            (
+                "SURFACE_ALLOWED_USERS",
+                Some("alice"),
+                "SURFACE_ALLOWED_USERS is invalid",
+            ),
+            ("MATRIX_PASSWORD", None, "MATRIX_ACCESS_TOKEN is invalid"),
+        ];
+        for (var, value, expected) in cases {
+            let mut env = base();
+            match value {
+                Some(v) => env.insert(var, (*v).to_owned()),
+                None => env.remove(var),
+            };
+            let err = load(&env).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{var}={value:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn token_needs_device_and_secrets_are_redacted() {
+        let mut env = base();
+        env.insert("MATRIX_ACCESS_TOKEN", "syt_secret_token".to_owned());
+        assert_eq!(
+            load(&env).unwrap_err(),
+            ConfigError::Missing("MATRIX_DEVICE_ID")
+        );
+        env.insert("MATRIX_DEVICE_ID", "DEV1".to_owned());
+        let c = load(&env).unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("syt_secret_token"), "{dbg}");
+        assert!(!dbg.contains("0123456789abcdef"), "{dbg}");
+        assert!(!dbg.contains("hunter2"), "{dbg}");
+        assert!(matches!(c.auth, Auth::Token { .. }));
+    }
+
+    #[test]
+    fn parses_rich_values() {
+        let mut env = base();
+        env.insert("SURFACE_MAX_FILE_SIZE", "2MiB".to_owned());
+        env.insert("SURFACE_INBOX_RETENTION", "30d".to_owned());
+        env.insert("SURFACE_SHOW_TOOL_CALLS", "true".to_owned());
+        env.insert(
+            "SURFACE_ALLOWED_USERS",
+            "@alice:*, @bob:example.org".to_owned(),
+        );
+        let c = load(&env).unwrap();
+        assert_eq!(c.max_file_size, 2 * 1024 * 1024);
+        assert_eq!(c.inbox_retention, Some(Duration::from_secs(30 * 86400)));
+        assert!(c.show_tool_calls);
+        assert!(c.is_allowed("@alice:other.org"));
+        assert!(c.is_allowed("@bob:example.org"));
+        assert!(!c.is_allowed("@carol:example.org"));
+    }
+}

@@ -1,0 +1,717 @@
+//! The durable delivery journal (sqlite, WAL): every timeline event seen, what was decided for
+//! it, the turns sent to the agent with their per-chat `seq`, and every send's transaction id.
+//!
+//! matrix-sdk saves its sync token before our code runs, so this journal — written before any
+//! action — is what makes delivery at-least-once on our side and exactly-once with the agent's
+//! dedup by id.
+//!
+//! Event states: `pending` (a lane must process it), `ready` (a context message prepared and
+//! waiting for the next trigger), `sent` (part of a stored turn not finished yet), `handled`.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use protocol::{ChatId, ContextMessage, UserMessage};
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// What [`crate::decide`] concluded for an event when it was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Nothing to do (self-sent, not allowed, not a message, an edit...).
+    Skip,
+    /// Travels as context with the next trigger of its chat.
+    Context,
+    /// Starts a turn.
+    Trigger,
+    /// Consumed as the answer to a question or approval.
+    Answered,
+}
+
+impl Disposition {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Skip => "skip",
+            Self::Context => "context",
+            Self::Trigger => "trigger",
+            Self::Answered => "answered",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "context" => Self::Context,
+            "trigger" => Self::Trigger,
+            "answered" => Self::Answered,
+            _ => Self::Skip,
+        }
+    }
+
+    fn initial_state(self) -> &'static str {
+        match self {
+            Self::Context | Self::Trigger => "pending",
+            Self::Skip | Self::Answered => "handled",
+        }
+    }
+}
+
+/// An event to record.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Matrix event id.
+    pub event_id: String,
+    /// Room it belongs to.
+    pub room_id: String,
+    /// Conversation it belongs to (`None` for skipped events).
+    pub chat_id: Option<ChatId>,
+    /// Thread root when the chat is a thread.
+    pub thread_root: Option<String>,
+    /// Sender user id.
+    pub sender: String,
+    /// Sender display name at recording time.
+    pub sender_name: Option<String>,
+    /// `origin_server_ts`, ms.
+    pub origin_ts: u64,
+    /// Raw `content` JSON (`None` for skipped events: we keep only the id for gap detection).
+    pub content: Option<String>,
+    /// The decision.
+    pub disposition: Disposition,
+}
+
+/// An event read back from the journal.
+#[derive(Debug, Clone)]
+pub struct JournaledEvent {
+    /// Arrival order (room order within a room).
+    pub ord: i64,
+    /// Matrix event id.
+    pub event_id: String,
+    /// Room id.
+    pub room_id: String,
+    /// Chat id.
+    pub chat_id: Option<ChatId>,
+    /// Thread root when the chat is a thread.
+    pub thread_root: Option<String>,
+    /// Sender.
+    pub sender: String,
+    /// Sender display name.
+    pub sender_name: Option<String>,
+    /// `origin_server_ts`, ms.
+    pub origin_ts: u64,
+    /// Raw content JSON.
+    pub content: Option<String>,
+    /// The decision.
+    pub disposition: Disposition,
+}
+
+/// A chat that has work left (for starting lanes after a restart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatRef {
+    /// The chat.
+    pub chat_id: ChatId,
+    /// Its room.
+    pub room_id: String,
+    /// Its thread root.
+    pub thread_root: Option<String>,
+}
+
+/// A journal error (sqlite or a corrupt stored value).
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// sqlite failed.
+    #[error("journal database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored JSON value did not decode.
+    #[error("journal value: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+type Result<T> = std::result::Result<T, JournalError>;
+
+/// The journal. Cheap to share behind an `Arc`; every call is a short sqlite transaction.
+#[derive(Debug)]
+pub struct Journal {
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rooms(room_id TEXT PRIMARY KEY, first_seen_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS events(
+    ord INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    room_id TEXT NOT NULL,
+    chat_id TEXT,
+    thread_root TEXT,
+    sender TEXT NOT NULL,
+    sender_name TEXT,
+    origin_ts INTEGER NOT NULL,
+    content TEXT,
+    disposition TEXT NOT NULL,
+    state TEXT NOT NULL,
+    context_json TEXT,
+    turn_seq INTEGER,
+    recorded_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_chat_state ON events(chat_id, state, ord);
+CREATE TABLE IF NOT EXISTS chats(
+    chat_id TEXT PRIMARY KEY,
+    room_id TEXT NOT NULL,
+    thread_root TEXT,
+    last_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS turns(
+    chat_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL,
+    message TEXT NOT NULL,
+    acked INTEGER NOT NULL DEFAULT 0,
+    ended INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY(chat_id, seq)
+);
+CREATE TABLE IF NOT EXISTS sends(
+    txn_id TEXT PRIMARY KEY,
+    room_id TEXT NOT NULL,
+    thread_root TEXT,
+    purpose TEXT NOT NULL,
+    event_id TEXT,
+    created_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sends_event ON sends(event_id);
+CREATE INDEX IF NOT EXISTS sends_thread ON sends(thread_root);
+"#;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+fn chat_id_col(s: Option<String>) -> Option<ChatId> {
+    s.and_then(|s| ChatId::new(s).ok())
+}
+
+impl Journal {
+    /// Opens (creating if needed) the journal at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory journal, for tests.
+    pub fn in_memory() -> Result<Self> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<Self> {
+        // WAL keeps readers and the single writer apart; FULL makes a committed record survive
+        // power loss, which is the whole point of this file.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave sqlite half-written (transactions roll
+        // back), so a poisoned lock is still usable.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A free-form value stored under `key`.
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// Stores `value` under `key`.
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO meta(key, value) VALUES(?1, ?2) ON CONFLICT(key) DO UPDATE SET value = ?2",
+            params![key, value],
+        )?;
+        Ok(())
+    }
+
+    /// Whether the room has been seen before (its watermark exists).
+    pub fn room_known(&self, room_id: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .query_row("SELECT 1 FROM rooms WHERE room_id = ?1", [room_id], |_| {
+                Ok(())
+            })
+            .optional()?
+            .is_some())
+    }
+
+    /// Whether the event is already journaled.
+    pub fn contains(&self, event_id: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM events WHERE event_id = ?1",
+                [event_id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
+    /// Records `events` of one room in order, marks the room known, and returns for each event
+    /// whether it was new (already journaled events are left untouched). One transaction.
+    pub fn record(&self, room_id: &str, events: &[NewEvent]) -> Result<Vec<bool>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let now = now_ms();
+        tx.execute(
+            "INSERT OR IGNORE INTO rooms(room_id, first_seen_ms) VALUES(?1, ?2)",
+            params![room_id, now],
+        )?;
+        let mut inserted = Vec::with_capacity(events.len());
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT OR IGNORE INTO events(event_id, room_id, chat_id, thread_root, sender, \
+                 sender_name, origin_ts, content, disposition, state, recorded_ms) \
+                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?;
+            let mut chat_stmt = tx.prepare_cached(
+                "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
+            )?;
+            for e in events {
+                let n = stmt.execute(params![
+                    e.event_id,
+                    e.room_id,
+                    e.chat_id.as_ref().map(ChatId::as_str),
+                    e.thread_root,
+                    e.sender,
+                    e.sender_name,
+                    e.origin_ts as i64,
+                    e.content,
+                    e.disposition.as_str(),
+                    e.disposition.initial_state(),
+                    now,
+                ])?;
+                if let Some(chat) = &e.chat_id {
+                    chat_stmt.execute(params![chat.as_str(), e.room_id, e.thread_root])?;
+                }
+                inserted.push(n == 1);
+            }
+        }
+        tx.commit()?;
+        Ok(inserted)
+    }
+
+    fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<JournaledEvent> {
+        Ok(JournaledEvent {
+            ord: r.get(0)?,
+            event_id: r.get(1)?,
+            room_id: r.get(2)?,
+            chat_id: chat_id_col(r.get(3)?),
+            thread_root: r.get(4)?,
+            sender: r.get(5)?,
+            sender_name: r.get(6)?,
+            origin_ts: r.get::<_, i64>(7)? as u64,
+            content: r.get(8)?,
+            disposition: Disposition::parse(&r.get::<_, String>(9)?),
+        })
+    }
+
+    const EVENT_COLS: &str = "ord, event_id, room_id, chat_id, thread_root, sender, sender_name, \
+                              origin_ts, content, disposition";
+
+    /// The oldest event of `chat` a lane still has to process.
+    pub fn next_pending(&self, chat: &ChatId) -> Result<Option<JournaledEvent>> {
+        let sql = format!(
+            "SELECT {} FROM events WHERE chat_id = ?1 AND state = 'pending' ORDER BY ord LIMIT 1",
+            Self::EVENT_COLS
+        );
+        Ok(self
+            .conn()
+            .query_row(&sql, [chat.as_str()], Self::row_to_event)
+            .optional()?)
+    }
+
+    /// How many events of `chat` wait for its lane.
+    pub fn pending_count(&self, chat: &ChatId) -> Result<u64> {
+        Ok(self.conn().query_row(
+            "SELECT COUNT(*) FROM events WHERE chat_id = ?1 AND state = 'pending'",
+            [chat.as_str()],
+            |r| r.get::<_, i64>(0),
+        )? as u64)
+    }
+
+    /// Chats with pending events or unfinished turns.
+    pub fn chats_with_work(&self) -> Result<Vec<ChatRef>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT chat_id, room_id, thread_root FROM chats WHERE chat_id IN ( \
+               SELECT chat_id FROM events WHERE state = 'pending' \
+               UNION SELECT chat_id FROM turns WHERE ended = 0)",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (chat, room_id, thread_root) = row?;
+            if let Ok(chat_id) = ChatId::new(chat) {
+                out.push(ChatRef {
+                    chat_id,
+                    room_id,
+                    thread_root,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores the prepared context message of a context event (its files are downloaded).
+    pub fn set_context_ready(&self, event_id: &str, msg: &ContextMessage) -> Result<()> {
+        let json = serde_json::to_string(msg)?;
+        self.conn().execute(
+            "UPDATE events SET state = 'ready', context_json = ?2 WHERE event_id = ?1",
+            params![event_id, json],
+        )?;
+        Ok(())
+    }
+
+    /// Context messages of `chat` waiting for the next trigger, oldest first, with event ids.
+    pub fn ready_context(&self, chat: &ChatId) -> Result<Vec<(String, ContextMessage)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT event_id, context_json FROM events \
+             WHERE chat_id = ?1 AND state = 'ready' ORDER BY ord",
+        )?;
+        let rows = stmt.query_map([chat.as_str()], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, json) = row?;
+            out.push((id, serde_json::from_str(&json)?));
+        }
+        Ok(out)
+    }
+
+    /// Marks an event handled (done, failed visibly, or consumed as an answer).
+    pub fn mark_handled(&self, event_id: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE events SET state = 'handled' WHERE event_id = ?1",
+            [event_id],
+        )?;
+        Ok(())
+    }
+
+    /// Stores a turn: assigns the chat's next `seq`, writes the message, and moves the trigger
+    /// and the `context_ids` events to `sent`. Returns the message with its `seq`. Atomic.
+    pub fn create_turn(
+        &self,
+        chat: &ChatId,
+        mut msg: UserMessage,
+        context_ids: &[String],
+    ) -> Result<UserMessage> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
+            params![chat.as_str(), msg.room_id, msg.thread_root],
+        )?;
+        let last: i64 = tx.query_row(
+            "SELECT last_seq FROM chats WHERE chat_id = ?1",
+            [chat.as_str()],
+            |r| r.get(0),
+        )?;
+        let seq = last + 1;
+        msg.seq = seq as u64;
+        tx.execute(
+            "UPDATE chats SET last_seq = ?2 WHERE chat_id = ?1",
+            params![chat.as_str(), seq],
+        )?;
+        tx.execute(
+            "INSERT INTO turns(chat_id, seq, event_id, message) VALUES(?1, ?2, ?3, ?4)",
+            params![chat.as_str(), seq, msg.id, serde_json::to_string(&msg)?],
+        )?;
+        let mut stmt = tx.prepare_cached(
+            "UPDATE events SET state = 'sent', turn_seq = ?2 WHERE event_id = ?1",
+        )?;
+        stmt.execute(params![msg.id, seq])?;
+        for id in context_ids {
+            stmt.execute(params![id, seq])?;
+        }
+        drop(stmt);
+        tx.commit()?;
+        Ok(msg)
+    }
+
+    /// Stored turns of `chat` with `seq > after` that have not ended, in order: what a fresh
+    /// connection must (re)send.
+    pub fn turns_to_send(&self, chat: &ChatId, after: u64) -> Result<Vec<UserMessage>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT message FROM turns WHERE chat_id = ?1 AND seq > ?2 AND ended = 0 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![chat.as_str(), after as i64], |r| {
+            r.get::<_, String>(0)
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?)?);
+        }
+        Ok(out)
+    }
+
+    /// How many ended turns the agent claims not to have (it lost state): logged, never resent.
+    pub fn ended_turns_after(&self, chat: &ChatId, after: u64) -> Result<u64> {
+        Ok(self.conn().query_row(
+            "SELECT COUNT(*) FROM turns WHERE chat_id = ?1 AND seq > ?2 AND ended = 1",
+            params![chat.as_str(), after as i64],
+            |r| r.get::<_, i64>(0),
+        )? as u64)
+    }
+
+    /// Unfinished turns of `chat`, oldest first (a lane resumes them after a restart).
+    pub fn unended_turns(&self, chat: &ChatId) -> Result<Vec<UserMessage>> {
+        self.turns_to_send(chat, 0)
+    }
+
+    /// The agent stored the turn `seq`.
+    pub fn mark_acked(&self, chat: &ChatId, seq: u64) -> Result<()> {
+        self.conn().execute(
+            "UPDATE turns SET acked = 1 WHERE chat_id = ?1 AND seq = ?2",
+            params![chat.as_str(), seq as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Whether turn `seq` was acked.
+    pub fn is_acked(&self, chat: &ChatId, seq: u64) -> Result<bool> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT acked FROM turns WHERE chat_id = ?1 AND seq = ?2",
+                params![chat.as_str(), seq as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            == Some(1))
+    }
+
+    /// The turn `seq` is over: it and its events are done for the surface. Atomic.
+    pub fn finish_turn(&self, chat: &ChatId, seq: u64) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "UPDATE turns SET ended = 1 WHERE chat_id = ?1 AND seq = ?2",
+            params![chat.as_str(), seq as i64],
+        )?;
+        tx.execute(
+            "UPDATE events SET state = 'handled' WHERE chat_id = ?1 AND turn_seq = ?2",
+            params![chat.as_str(), seq as i64],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records the intent to send with `txn_id` (before the first try). Returns the event id if
+    /// this transaction already went through (nothing to do then).
+    pub fn begin_send(
+        &self,
+        txn_id: &str,
+        room_id: &str,
+        thread_root: Option<&str>,
+        purpose: &str,
+    ) -> Result<Option<String>> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT OR IGNORE INTO sends(txn_id, room_id, thread_root, purpose, created_ms) \
+             VALUES(?1, ?2, ?3, ?4, ?5)",
+            params![txn_id, room_id, thread_root, purpose, now_ms()],
+        )?;
+        Ok(conn
+            .query_row(
+                "SELECT event_id FROM sends WHERE txn_id = ?1",
+                [txn_id],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()?
+            .flatten())
+    }
+
+    /// The send with `txn_id` produced `event_id`.
+    pub fn finish_send(&self, txn_id: &str, event_id: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE sends SET event_id = ?2 WHERE txn_id = ?1",
+            params![txn_id, event_id],
+        )?;
+        Ok(())
+    }
+
+    /// Whether `event_id` is something the bot posted.
+    pub fn is_own_post(&self, event_id: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM sends WHERE event_id = ?1",
+                [event_id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
+    /// Whether the bot has posted in the thread rooted at `root`.
+    pub fn bot_in_thread(&self, root: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM sends WHERE thread_root = ?1 AND event_id IS NOT NULL LIMIT 1",
+                [root],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::Sender;
+
+    use super::*;
+
+    fn ev(id: &str, chat: &ChatId, d: Disposition) -> NewEvent {
+        NewEvent {
+            event_id: id.into(),
+            room_id: "!r:hs".into(),
+            chat_id: (d != Disposition::Skip).then(|| chat.clone()),
+            thread_root: None,
+            sender: "@alice:hs".into(),
+            sender_name: Some("Alice".into()),
+            origin_ts: 1000,
+            content: Some(r#"{"msgtype":"m.text","body":"hi"}"#.into()),
+            disposition: d,
+        }
+    }
+
+    fn msg(id: &str) -> UserMessage {
+        UserMessage {
+            seq: 0,
+            id: id.into(),
+            room_id: "!r:hs".into(),
+            thread_root: None,
+            sender: Sender {
+                user_id: "@alice:hs".into(),
+                display_name: None,
+            },
+            text: "hi".into(),
+            attachments: vec![],
+            attachment_info: Default::default(),
+            context: vec![],
+            timestamp_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn record_pending_in_order_then_handled_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.sqlite");
+        let chat = ChatId::for_conversation("!r:hs", None);
+        {
+            let j = Journal::open(&path).unwrap();
+            assert!(!j.room_known("!r:hs").unwrap());
+            let new = j
+                .record(
+                    "!r:hs",
+                    &[
+                        ev("$1", &chat, Disposition::Context),
+                        ev("$2", &chat, Disposition::Skip),
+                        ev("$3", &chat, Disposition::Trigger),
+                    ],
+                )
+                .unwrap();
+            assert_eq!(new, vec![true, true, true]);
+            // Re-recording (a sync after a backfill) changes nothing.
+            assert_eq!(
+                j.record("!r:hs", &[ev("$3", &chat, Disposition::Trigger)])
+                    .unwrap(),
+                vec![false]
+            );
+            assert!(j.room_known("!r:hs").unwrap());
+            assert!(j.contains("$2").unwrap());
+            assert_eq!(j.pending_count(&chat).unwrap(), 2);
+            let first = j.next_pending(&chat).unwrap().unwrap();
+            assert_eq!(first.event_id, "$1");
+            assert_eq!(first.disposition, Disposition::Context);
+            let cm = ContextMessage {
+                id: "$1".into(),
+                sender: Sender {
+                    user_id: "@alice:hs".into(),
+                    display_name: None,
+                },
+                text: "hi".into(),
+                attachments: vec![],
+                timestamp_ms: 1000,
+            };
+            j.set_context_ready("$1", &cm).unwrap();
+            assert_eq!(j.next_pending(&chat).unwrap().unwrap().event_id, "$3");
+            assert_eq!(j.ready_context(&chat).unwrap(), vec![("$1".to_owned(), cm)]);
+            let m = j.create_turn(&chat, msg("$3"), &["$1".into()]).unwrap();
+            assert_eq!(m.seq, 1);
+            assert!(j.next_pending(&chat).unwrap().is_none());
+            assert!(j.ready_context(&chat).unwrap().is_empty());
+        }
+        // Restart: the unfinished turn is still there, with its seq.
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(
+            j.chats_with_work().unwrap(),
+            vec![ChatRef {
+                chat_id: chat.clone(),
+                room_id: "!r:hs".into(),
+                thread_root: None
+            }]
+        );
+        let unended = j.unended_turns(&chat).unwrap();
+        assert_eq!(unended.len(), 1);
+        assert_eq!(unended[0].seq, 1);
+        assert_eq!(j.turns_to_send(&chat, 1).unwrap(), vec![]);
+        j.mark_acked(&chat, 1).unwrap();
+        assert!(j.is_acked(&chat, 1).unwrap());
+        j.finish_turn(&chat, 1).unwrap();
+        assert!(j.unended_turns(&chat).unwrap().is_empty());
+        assert_eq!(j.ended_turns_after(&chat, 0).unwrap(), 1);
+        assert!(j.chats_with_work().unwrap().is_empty());
+        // The next turn continues the sequence.
+        j.record("!r:hs", &[ev("$4", &chat, Disposition::Trigger)])
+            .unwrap();
+        assert_eq!(j.create_turn(&chat, msg("$4"), &[]).unwrap().seq, 2);
+    }
+
+    #[test]
+    fn sends_are_recorded_before_and_after() {
+        let j = Journal::in_memory().unwrap();
+        assert_eq!(
+            j.begin_send("t1", "!r:hs", Some("$root"), "reply").unwrap(),
+            None
+        );
+        assert!(!j.bot_in_thread("$root").unwrap());
+        // A retry before completion still has no event id: send again with the same txn.
+        assert_eq!(
+            j.begin_send("t1", "!r:hs", Some("$root"), "reply").unwrap(),
+            None
+        );
+        j.finish_send("t1", "$posted").unwrap();
+        assert_eq!(
+            j.begin_send("t1", "!r:hs", Some("$root"), "reply").unwrap(),
+            Some("$posted".into())
+        );
+        assert!(j.is_own_post("$posted").unwrap());
+        assert!(j.bot_in_thread("$root").unwrap());
+        j.set_meta("k", "v").unwrap();
+        assert_eq!(j.meta("k").unwrap().as_deref(), Some("v"));
+    }
+}
