@@ -26,11 +26,8 @@ install() {
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "matrix-synapse==$SYNAPSE_VERSION"
 }
 
-start() {
+write_config() {
   local dir="$1" port="$2"
-  install
-  mkdir -p "$dir/media"
-  dir="$(cd "$dir" && pwd)"
   local secret
   secret="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
   "$VENV/bin/generate_signing_key" -o "$dir/signing.key"
@@ -88,6 +85,18 @@ rc_media_create: $fast
 rc_3pid_validation: $fast
 rc_room_creation: $fast
 YAML
+}
+
+start() {
+  local dir="$1" port="$2"
+  install
+  mkdir -p "$dir/media"
+  dir="$(cd "$dir" && pwd)"
+  if [ ! -f "$dir/homeserver.yaml" ]; then
+    write_config "$dir" "$port"
+  fi
+  local secret
+  secret="$(sed -n 's/^registration_shared_secret: "\(.*\)"$/\1/p' "$dir/homeserver.yaml")"
   log "starting on 127.0.0.1:$port (data in $dir)"
   "$VENV/bin/python" -m synapse.app.homeserver --config-path "$dir/homeserver.yaml" --daemonize
   local deadline=$((SECONDS + 90))
