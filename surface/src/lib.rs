@@ -5,3 +5,4 @@
 pub mod config;
 pub mod decide;
 pub mod journal;
+pub mod filename;
