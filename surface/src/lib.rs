@@ -6,3 +6,4 @@ pub mod config;
 pub mod decide;
 pub mod journal;
 pub mod filename;
+pub mod mime;
