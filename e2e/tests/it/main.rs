@@ -2,6 +2,8 @@
 //!
 //! Run through `scripts/test.sh`, which starts the homeserver and exports its address.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
 mod files_in;
 mod files_out;
 mod large;
