@@ -1,0 +1,72 @@
+//! The brain behind one trait: it gets a stored turn with the chat's earlier turns and acts
+//! through [`TurnIo`] (text, tools, questions). `builtin` is offline and deterministic;
+//! `openai` talks to an OpenAI-compatible chat-completions server.
+
+pub mod builtin;
+pub mod openai;
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use protocol::ChatId;
+
+use crate::config::BrainConfig;
+use crate::connection::Closed;
+use crate::store::TurnRecord;
+use crate::turn::TurnIo;
+
+/// What a brain gets for one turn.
+#[derive(Debug, Clone)]
+pub struct TurnInput {
+    /// The chat.
+    pub chat_id: ChatId,
+    /// The turn to answer.
+    pub turn: TurnRecord,
+    /// Earlier turns of the chat, oldest first (with their attachments and answers).
+    pub history: Vec<TurnRecord>,
+}
+
+/// Why a turn could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum BrainError {
+    /// The surface went away; the turn stays pending and runs again on reconnect.
+    #[error("the surface is disconnected")]
+    Disconnected,
+    /// The model server failed or answered nonsense.
+    #[error("model request failed: {0}")]
+    Model(String),
+}
+
+impl BrainError {
+    /// A message fit for the room (the full error is logged).
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Disconnected => "the surface disconnected".to_owned(),
+            Self::Model(_) => "the language model could not answer; see the agent's log".to_owned(),
+        }
+    }
+}
+
+impl From<Closed> for BrainError {
+    fn from(_: Closed) -> Self {
+        Self::Disconnected
+    }
+}
+
+/// Something that answers turns.
+pub trait Brain: Send + Sync + std::fmt::Debug {
+    /// Answers one turn.
+    fn run_turn<'a>(
+        &'a self,
+        input: &'a TurnInput,
+        io: &'a mut TurnIo,
+    ) -> BoxFuture<'a, Result<(), BrainError>>;
+}
+
+/// The brain selected by the configuration.
+pub fn from_config(config: &BrainConfig) -> Arc<dyn Brain> {
+    match config {
+        BrainConfig::Builtin => Arc::new(builtin::Builtin),
+        BrainConfig::OpenAi(c) => Arc::new(openai::OpenAi::new(c.clone())),
+    }
+}

@@ -1,0 +1,302 @@
+//! The builtin brain: offline and deterministic. It describes attachments and understands the
+//! small command language the end-to-end tests rely on (see `Command`).
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use protocol::WorkspacePath;
+use serde_json::json;
+
+use super::{Brain, BrainError, TurnInput};
+use crate::describe::display_name;
+use crate::turn::TurnIo;
+
+/// The offline brain.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Builtin;
+
+/// Longest `sleep`.
+const MAX_SLEEP_MS: u64 = 60_000;
+
+const HELP: &str = "I understand these commands:\n\
+- `help`: this list\n\
+- `files`: list this chat's files with sizes\n\
+- `send <path>`: send a file back (a bare name is looked up in this chat's files)\n\
+- `sendraw <path>`: send a path without checking it (for testing)\n\
+- `note <filename> <text>`: write <text> to a file in this chat's folder and send it\n\
+- `ask <question>`: ask you a question and echo your answer\n\
+- `approve <anything>`: try an action that needs your approval\n\
+- `history`: how many earlier turns and attachments this chat has\n\
+- `sleep <ms>`: wait that long before answering (at most 60000)\n\
+Attach files and I describe them: name, MIME type, size, sha256, image size, first lines.";
+
+/// A parsed command (decided before anything is done).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command<'a> {
+    /// `help`
+    Help,
+    /// `files`
+    Files,
+    /// `send <path>`
+    Send(&'a str),
+    /// `sendraw <path>`
+    SendRaw(&'a str),
+    /// `note <filename> <text>`
+    Note(&'a str, &'a str),
+    /// `ask <question>`
+    Ask(&'a str),
+    /// `approve <anything>`
+    Approve(&'a str),
+    /// `history`
+    History,
+    /// `sleep <ms>`
+    Sleep(u64),
+    /// Anything else (the whole text, mention removed).
+    Other(&'a str),
+}
+
+const COMMANDS: &[&str] = &[
+    "help", "files", "send", "sendraw", "note", "ask", "approve", "history", "sleep",
+];
+
+/// Removes a leading mention such as `botname: ` or `@bot:example.org: `.
+pub fn strip_mention(text: &str) -> &str {
+    let text = text.trim();
+    if let Some(pos) = text.find(": ") {
+        let prefix = &text[..pos];
+        let first = prefix
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_lowercase();
+        if pos <= 100 && !COMMANDS.contains(&first.as_str()) {
+            return text[pos + 2..].trim_start();
+        }
+    }
+    if text.starts_with('@')
+        && let Some((_, rest)) = text.split_once(char::is_whitespace)
+    {
+        return rest.trim_start();
+    }
+    text
+}
+
+/// Parses the user's text into a command.
+pub fn parse(text: &str) -> Command<'_> {
+    let text = strip_mention(text);
+    let (word, rest) = match text.split_once(char::is_whitespace) {
+        Some((w, r)) => (w, r.trim()),
+        None => (text, ""),
+    };
+    match word.to_lowercase().as_str() {
+        "help" => Command::Help,
+        "files" => Command::Files,
+        "send" if !rest.is_empty() => Command::Send(rest),
+        "sendraw" if !rest.is_empty() => Command::SendRaw(rest),
+        "note" if !rest.is_empty() => match rest.split_once(char::is_whitespace) {
+            Some((name, body)) => Command::Note(name, body.trim_start()),
+            None => Command::Note(rest, ""),
+        },
+        "ask" if !rest.is_empty() => Command::Ask(rest),
+        "approve" => Command::Approve(if rest.is_empty() {
+            "the demo action"
+        } else {
+            rest
+        }),
+        "history" => Command::History,
+        "sleep" => match rest.parse::<u64>() {
+            Ok(ms) => Command::Sleep(ms.min(MAX_SLEEP_MS)),
+            Err(_) => Command::Other(text),
+        },
+        _ => Command::Other(text),
+    }
+}
+
+impl Brain for Builtin {
+    fn run_turn<'a>(
+        &'a self,
+        input: &'a TurnInput,
+        io: &'a mut TurnIo,
+    ) -> BoxFuture<'a, Result<(), BrainError>> {
+        Box::pin(run(input, io))
+    }
+}
+
+async fn run(input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
+    let turn = &input.turn;
+    let attachments: Vec<&WorkspacePath> = turn.all_attachments().collect();
+    for path in &attachments {
+        let block = match io.describe(path).await {
+            Ok(mut d) => {
+                if let Some(info) = turn.attachment_info.get(*path) {
+                    d.name = info.name.clone();
+                }
+                d.to_string()
+            }
+            Err(e) => format!("File: {path}\n- could not read it: {e}\n"),
+        };
+        io.say(format!("{block}\n")).await?;
+    }
+
+    let reply = match parse(&turn.text) {
+        Command::Help => HELP.to_owned(),
+        Command::Files => {
+            let out = io.call_tool("list_files", "{}").await;
+            if out.ok {
+                format!("Files in this chat:\n{}", out.output)
+            } else {
+                format!("I could not list the files: {}", out.output)
+            }
+        }
+        Command::Send(target) => {
+            let path = resolve(io, target).await;
+            send(io, &path).await
+        }
+        Command::SendRaw(target) => match WorkspacePath::new(target) {
+            Ok(path) => {
+                io.send_file_unchecked(path.clone()).await?;
+                format!("Sent {path} (unchecked).")
+            }
+            Err(e) => format!("I could not send {target}: invalid path: {e}"),
+        },
+        Command::Note(name, body) => {
+            let path = format!("{}/{name}", io.scope().own_dir());
+            let args = json!({ "path": path, "content": body }).to_string();
+            let wrote = io.call_tool("write_file", &args).await;
+            if wrote.ok {
+                let sent = send(io, &path).await;
+                format!("Wrote {path} ({} bytes). {sent}", body.len())
+            } else {
+                format!("I could not write {path}: {}", wrote.output)
+            }
+        }
+        Command::Ask(question) => {
+            let args = json!({ "question": question }).to_string();
+            let answer = io.call_tool("ask_user", &args).await;
+            if answer.ok {
+                format!("You answered: {}", answer.output)
+            } else {
+                format!("I could not ask: {}", answer.output)
+            }
+        }
+        Command::Approve(action) => {
+            let args = json!({ "action": action }).to_string();
+            let out = io.call_tool("dangerous_action", &args).await;
+            if out.ok {
+                format!("Approved: {action}")
+            } else {
+                format!("Denied: {action} ({})", out.output)
+            }
+        }
+        Command::History => history(input),
+        Command::Sleep(ms) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            format!("Slept {ms} ms.")
+        }
+        Command::Other(text) => {
+            if !attachments.is_empty() && (text.is_empty() || text.starts_with("User sent")) {
+                String::new()
+            } else {
+                format!("I received your message: {text}. Say `help` for what I can do.")
+            }
+        }
+    };
+    io.say(reply).await?;
+    Ok(())
+}
+
+/// A bare name is looked up among the chat's files (its own folder first, then the newest
+/// inbox file with that name); anything with a `/` is a workspace path.
+async fn resolve(io: &mut TurnIo, target: &str) -> String {
+    if target.contains('/') {
+        return target.to_owned();
+    }
+    let own = format!("{}/{target}", io.scope().own_dir());
+    let listed = io.call_tool("list_files", "{}").await;
+    if !listed.ok {
+        return own;
+    }
+    let paths: Vec<&str> = listed
+        .output
+        .lines()
+        .filter_map(|l| l.rsplit_once(" (").map(|(p, _)| p))
+        .collect();
+    if paths.contains(&own.as_str()) {
+        return own;
+    }
+    paths
+        .iter()
+        .filter(|p| {
+            let file = p.rsplit('/').next().unwrap_or_default();
+            file == target || display_name(file) == target
+        })
+        .max_by_key(|p| p.rsplit('/').next().unwrap_or_default().to_owned())
+        .map(|p| (*p).to_owned())
+        .unwrap_or(own)
+}
+
+async fn send(io: &mut TurnIo, path: &str) -> String {
+    let args = json!({ "path": path }).to_string();
+    let out = io.call_tool("send_file", &args).await;
+    if out.ok {
+        format!("Sent {path}.")
+    } else {
+        format!("I could not send {path}: {}", out.output)
+    }
+}
+
+fn history(input: &TurnInput) -> String {
+    let turns = input.history.len();
+    let attachments: usize = input
+        .history
+        .iter()
+        .map(|t| t.all_attachments().count())
+        .sum();
+    let mut out =
+        format!("This chat has {turns} earlier turn(s) with {attachments} attachment(s).");
+    for t in input.history.iter().rev().take(5).rev() {
+        let text: String = t.text.chars().take(80).collect();
+        out.push_str(&format!("\n- #{} {}: {text}", t.seq, t.sender.user_id));
+        for a in t.all_attachments() {
+            out.push_str(&format!("\n  - {a}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_table() {
+        let cases = [
+            ("help", Command::Help),
+            ("HELP me", Command::Help),
+            ("bot: files", Command::Files),
+            ("@bot:example.org: files", Command::Files),
+            ("Agent Bot: send a.txt", Command::Send("a.txt")),
+            ("send", Command::Other("send")),
+            (
+                "sendraw chats/x/missing.txt",
+                Command::SendRaw("chats/x/missing.txt"),
+            ),
+            (
+                "note a.txt hello world",
+                Command::Note("a.txt", "hello world"),
+            ),
+            ("note a.txt", Command::Note("a.txt", "")),
+            ("ask what: is it?", Command::Ask("what: is it?")),
+            ("approve rm -rf /", Command::Approve("rm -rf /")),
+            ("approve", Command::Approve("the demo action")),
+            ("history", Command::History),
+            ("sleep 250", Command::Sleep(250)),
+            ("sleep 999999", Command::Sleep(60_000)),
+            ("sleep soon", Command::Other("sleep soon")),
+            ("hello there", Command::Other("hello there")),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(parse(input), expected, "{input:?}");
+        }
+    }
+}

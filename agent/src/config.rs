@@ -1,0 +1,425 @@
+//! Typed configuration, loaded from environment variables and validated before anything binds.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::tools::{self, Policy};
+
+/// Everything the agent needs to run. Built by [`Config::from_env`] (or [`Config::from_lookup`]
+/// in tests); passed explicitly, never read from globals.
+#[derive(Clone)]
+pub struct Config {
+    /// Where the HTTP/WebSocket server listens (`AGENT_BIND`).
+    pub bind: SocketAddr,
+    /// Shared secret the surface presents as `Authorization: Bearer` (`AGENT_TOKEN`).
+    /// Never printed: see the `Debug` impl.
+    pub token: Secret,
+    /// The shared workspace (`WORKSPACE_ROOT`); every file access happens beneath it.
+    pub workspace_root: PathBuf,
+    /// The agent's own durable state: chat histories, remembered approvals (`AGENT_STATE_DIR`).
+    pub state_dir: PathBuf,
+    /// Which brain answers turns (`AGENT_BRAIN`).
+    pub brain: BrainConfig,
+    /// Policy per tool (`AGENT_TOOL_POLICY` over the defaults); has an entry for every tool.
+    pub tool_policy: BTreeMap<String, Policy>,
+    /// Limits and timeouts.
+    pub limits: Limits,
+}
+
+/// Which brain to use, with its settings.
+#[derive(Clone)]
+pub enum BrainConfig {
+    /// The offline, deterministic command interpreter.
+    Builtin,
+    /// An OpenAI-compatible chat-completions server.
+    OpenAi(OpenAiConfig),
+}
+
+/// Settings of the OpenAI-compatible brain.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// Base URL up to and including `/v1`, e.g. `http://127.0.0.1:11434/v1` (`OPENAI_BASE_URL`).
+    pub base_url: String,
+    /// Model name (`OPENAI_MODEL`).
+    pub model: String,
+    /// API key (`OPENAI_API_KEY`); optional for local servers. Never printed.
+    pub api_key: Option<Secret>,
+}
+
+/// Limits and timeouts of connections, turns and files.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The first frame must be `hello` within this (`AGENT_HANDSHAKE_TIMEOUT`, default 10s).
+    pub handshake_timeout: Duration,
+    /// How often the agent pings an idle connection (`AGENT_PING_INTERVAL`, default 20s).
+    pub ping_interval: Duration,
+    /// A connection silent for this long (no frame, no pong) is closed (`AGENT_IDLE_TIMEOUT`,
+    /// default 60s).
+    pub idle_timeout: Duration,
+    /// No decision on an approval request within this means deny (`AGENT_APPROVAL_TIMEOUT`,
+    /// default 5m).
+    pub approval_timeout: Duration,
+    /// No answer to `ask_user` within this answers "no reply" (`AGENT_ASK_TIMEOUT`, default 10m).
+    pub ask_timeout: Duration,
+    /// Largest file a tool opens (`AGENT_MAX_FILE_SIZE`, default 100MiB).
+    pub max_file_size: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
+            approval_timeout: Duration::from_secs(300),
+            ask_timeout: Duration::from_secs(600),
+            max_file_size: 100 * 1024 * 1024,
+        }
+    }
+}
+
+/// A string that never appears in `Debug` or `Display` output.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    /// The secret itself, for comparing or sending; never for logging.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("bind", &self.bind)
+            .field("token", &self.token)
+            .field("workspace_root", &self.workspace_root)
+            .field("state_dir", &self.state_dir)
+            .field("brain", &self.brain)
+            .field("tool_policy", &self.tool_policy)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl fmt::Debug for BrainConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Builtin => f.write_str("Builtin"),
+            Self::OpenAi(c) => c.fmt(f),
+        }
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key)
+            .finish()
+    }
+}
+
+/// A setting is missing or malformed. The message names the variable and never echoes secrets.
+#[derive(Debug, thiserror::Error)]
+#[error("{var}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub var: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn err(var: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Loads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Loads the configuration from `get` (a variable name to its value), validating everything.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+
+        let bind = get("AGENT_BIND")
+            .unwrap_or_else(|| "0.0.0.0:8700".into())
+            .parse()
+            .map_err(|e| err("AGENT_BIND", format!("not a socket address: {e}")))?;
+
+        let token = get("AGENT_TOKEN").ok_or_else(|| err("AGENT_TOKEN", "is required"))?;
+        if token.chars().count() < 16 {
+            return Err(err("AGENT_TOKEN", "must be at least 16 characters"));
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(err(
+                "AGENT_TOKEN",
+                "must not contain whitespace or control characters",
+            ));
+        }
+
+        let workspace_root = absolute_path(
+            "WORKSPACE_ROOT",
+            get("WORKSPACE_ROOT").unwrap_or_else(|| "/workspace".into()),
+        )?;
+        let state_dir = absolute_path(
+            "AGENT_STATE_DIR",
+            get("AGENT_STATE_DIR").unwrap_or_else(|| "/var/lib/agent".into()),
+        )?;
+
+        let brain = match get("AGENT_BRAIN").as_deref().unwrap_or("builtin") {
+            "builtin" => BrainConfig::Builtin,
+            "openai" => {
+                let base_url = get("OPENAI_BASE_URL")
+                    .ok_or_else(|| err("OPENAI_BASE_URL", "is required when AGENT_BRAIN=openai"))?;
+                if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+                    return Err(err(
+                        "OPENAI_BASE_URL",
+                        "must start with http:// or https://",
+                    ));
+                }
+                let model = get("OPENAI_MODEL")
+                    .ok_or_else(|| err("OPENAI_MODEL", "is required when AGENT_BRAIN=openai"))?;
+                BrainConfig::OpenAi(OpenAiConfig {
+                    base_url: base_url.trim_end_matches('/').to_owned(),
+                    model,
+                    api_key: get("OPENAI_API_KEY").map(Secret::new),
+                })
+            }
+            other => {
+                return Err(err(
+                    "AGENT_BRAIN",
+                    format!("unknown brain {other:?}, expected builtin or openai"),
+                ));
+            }
+        };
+
+        let tool_policy = parse_policy(get("AGENT_TOOL_POLICY").as_deref().unwrap_or(""))?;
+
+        let defaults = Limits::default();
+        let duration = |var: &'static str, default: Duration| -> Result<Duration, ConfigError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => {
+                    let d = humantime::parse_duration(v.trim())
+                        .map_err(|e| err(var, format!("not a duration like 20s or 5m: {e}")))?;
+                    if d.is_zero() {
+                        return Err(err(var, "must be greater than zero"));
+                    }
+                    Ok(d)
+                }
+            }
+        };
+        let limits = Limits {
+            handshake_timeout: duration("AGENT_HANDSHAKE_TIMEOUT", defaults.handshake_timeout)?,
+            ping_interval: duration("AGENT_PING_INTERVAL", defaults.ping_interval)?,
+            idle_timeout: duration("AGENT_IDLE_TIMEOUT", defaults.idle_timeout)?,
+            approval_timeout: duration("AGENT_APPROVAL_TIMEOUT", defaults.approval_timeout)?,
+            ask_timeout: duration("AGENT_ASK_TIMEOUT", defaults.ask_timeout)?,
+            max_file_size: match get("AGENT_MAX_FILE_SIZE") {
+                None => defaults.max_file_size,
+                Some(v) => v
+                    .trim()
+                    .parse::<bytesize::ByteSize>()
+                    .map_err(|e| {
+                        err(
+                            "AGENT_MAX_FILE_SIZE",
+                            format!("not a size like 100MiB: {e}"),
+                        )
+                    })?
+                    .as_u64(),
+            },
+        };
+        if limits.idle_timeout <= limits.ping_interval {
+            return Err(err(
+                "AGENT_IDLE_TIMEOUT",
+                "must be longer than AGENT_PING_INTERVAL",
+            ));
+        }
+
+        Ok(Self {
+            bind,
+            token: Secret::new(token),
+            workspace_root,
+            state_dir,
+            brain,
+            tool_policy,
+            limits,
+        })
+    }
+
+    /// A configuration for tests and embedding: builtin brain, default policies and limits.
+    pub fn new(token: &str, workspace_root: PathBuf, state_dir: PathBuf) -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token: Secret::new(token),
+            workspace_root,
+            state_dir,
+            brain: BrainConfig::Builtin,
+            tool_policy: tools::default_policies(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+fn absolute_path(var: &'static str, value: String) -> Result<PathBuf, ConfigError> {
+    let path = PathBuf::from(value);
+    if !path.is_absolute() {
+        return Err(err(var, "must be an absolute path"));
+    }
+    Ok(path)
+}
+
+/// Parses `tool=policy,tool=policy` over the default policies.
+fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
+    const VAR: &str = "AGENT_TOOL_POLICY";
+    let mut policies = tools::default_policies();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (tool, policy) = item
+            .split_once('=')
+            .ok_or_else(|| err(VAR, format!("{item:?} is not tool=policy")))?;
+        let (tool, policy) = (tool.trim(), policy.trim());
+        let slot = policies.get_mut(tool).ok_or_else(|| {
+            err(
+                VAR,
+                format!(
+                    "unknown tool {tool:?}; known tools: {}",
+                    tools::TOOL_NAMES.join(", ")
+                ),
+            )
+        })?;
+        *slot = policy.parse().map_err(|_| {
+            err(
+                VAR,
+                format!("unknown policy {policy:?} for {tool}; expected allow, ask or deny"),
+            )
+        })?;
+    }
+    Ok(policies)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    const TOKEN: (&str, &str) = ("AGENT_TOKEN", "0123456789abcdef-secret");
+
+    #[test]
+    fn defaults() {
+        let c = load(&[TOKEN]).unwrap();
+        assert_eq!(c.bind.to_string(), "0.0.0.0:8700");
+        assert_eq!(c.workspace_root, PathBuf::from("/workspace"));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/agent"));
+        assert!(matches!(c.brain, BrainConfig::Builtin));
+        assert_eq!(c.tool_policy["dangerous_action"], Policy::Ask);
+        assert_eq!(c.tool_policy["write_file"], Policy::Allow);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[], "AGENT_TOKEN: is required"),
+            (
+                &[("AGENT_TOKEN", "short")],
+                "AGENT_TOKEN: must be at least 16 characters",
+            ),
+            (&[TOKEN, ("AGENT_BIND", "nope")], "AGENT_BIND:"),
+            (
+                &[TOKEN, ("WORKSPACE_ROOT", "rel/path")],
+                "WORKSPACE_ROOT: must be an absolute path",
+            ),
+            (&[TOKEN, ("AGENT_BRAIN", "magic")], "AGENT_BRAIN:"),
+            (&[TOKEN, ("AGENT_BRAIN", "openai")], "OPENAI_BASE_URL:"),
+            (
+                &[
+                    TOKEN,
+                    ("AGENT_BRAIN", "openai"),
+                    ("OPENAI_BASE_URL", "http://x/v1"),
+                ],
+                "OPENAI_MODEL:",
+            ),
+            (
+                &[TOKEN, ("AGENT_TOOL_POLICY", "rm_rf=allow")],
+                "AGENT_TOOL_POLICY: unknown tool",
+            ),
+            (
+                &[TOKEN, ("AGENT_TOOL_POLICY", "read_file=maybe")],
+                "AGENT_TOOL_POLICY: unknown policy",
+            ),
+            (
+                &[TOKEN, ("AGENT_TOOL_POLICY", "read_file")],
+                "AGENT_TOOL_POLICY:",
+            ),
+            (
+                &[TOKEN, ("AGENT_IDLE_TIMEOUT", "soon")],
+                "AGENT_IDLE_TIMEOUT:",
+            ),
+            (
+                &[TOKEN, ("AGENT_MAX_FILE_SIZE", "lots")],
+                "AGENT_MAX_FILE_SIZE:",
+            ),
+        ];
+        for (vars, expected) in cases {
+            let e = load(vars).unwrap_err().to_string();
+            assert!(e.starts_with(expected), "{vars:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn policy_overrides_and_secrets_stay_hidden() {
+        let c = load(&[
+            TOKEN,
+            ("AGENT_TOOL_POLICY", "write_file=ask, send_file=deny"),
+            ("AGENT_BRAIN", "openai"),
+            ("OPENAI_BASE_URL", "http://127.0.0.1:1/v1/"),
+            ("OPENAI_MODEL", "m"),
+            ("OPENAI_API_KEY", "sk-very-secret-key"),
+            ("AGENT_PING_INTERVAL", "5s"),
+            ("AGENT_IDLE_TIMEOUT", "15s"),
+            ("AGENT_MAX_FILE_SIZE", "1MiB"),
+        ])
+        .unwrap();
+        assert_eq!(c.tool_policy["write_file"], Policy::Ask);
+        assert_eq!(c.tool_policy["send_file"], Policy::Deny);
+        assert_eq!(c.limits.ping_interval, Duration::from_secs(5));
+        assert_eq!(c.limits.max_file_size, 1024 * 1024);
+        let BrainConfig::OpenAi(o) = &c.brain else {
+            panic!("openai")
+        };
+        assert_eq!(o.base_url, "http://127.0.0.1:1/v1");
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("secret"), "{debug}");
+        assert!(debug.contains("[redacted]"));
+    }
+}

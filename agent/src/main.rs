@@ -1,0 +1,36 @@
+//! The agent binary: configuration, logging, bind, run until SIGINT/SIGTERM.
+
+use anyhow::Context;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+
+    let config = agent::Config::from_env().context("invalid configuration")?;
+    let listener = tokio::net::TcpListener::bind(config.bind)
+        .await
+        .with_context(|| format!("AGENT_BIND: cannot listen on {}", config.bind))?;
+
+    let shutdown = CancellationToken::new();
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+                _ = sigterm.recv() => tracing::info!("SIGTERM received"),
+            }
+            shutdown.cancel();
+        }
+    });
+
+    agent::run(listener, config, shutdown).await?;
+    Ok(())
+}

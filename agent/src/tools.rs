@@ -1,0 +1,479 @@
+//! The typed tool registry: each tool is an argument struct (its JSON schema is derived, never
+//! written by hand) and a function over the chat's confined workspace. The registry applies the
+//! per-tool policy (allow / ask / deny), runs approvals and reports every call to the surface
+//! (`tool_call_chunk`, then `tool_result`).
+
+mod files;
+mod interact;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::str::FromStr;
+
+use futures_util::future::BoxFuture;
+use protocol::{Decision, ToolCallChunk, ToolResult, WorkspacePath};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use tracing::{info, instrument, warn};
+
+pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, WriteFile};
+pub use interact::{AskUserTool, DangerousAction};
+
+use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
+use crate::turn::Link;
+
+/// What happens when a brain calls a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Run it.
+    Allow,
+    /// Ask the user first (`approval_request`); no decision in time means deny.
+    Ask,
+    /// Refuse it; the brain gets an error result.
+    Deny,
+}
+
+impl FromStr for Policy {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "allow" => Ok(Self::Allow),
+            "ask" => Ok(Self::Ask),
+            "deny" => Ok(Self::Deny),
+            _ => Err(()),
+        }
+    }
+}
+
+/// Every tool name, as used in `AGENT_TOOL_POLICY` and by brains.
+pub const TOOL_NAMES: &[&str] = &[
+    ListFiles::NAME,
+    ReadFile::NAME,
+    WriteFile::NAME,
+    SendFileTool::NAME,
+    AskUserTool::NAME,
+    DangerousAction::NAME,
+    DescribeFile::NAME,
+];
+
+/// The policies used when `AGENT_TOOL_POLICY` says nothing about a tool.
+pub fn default_policies() -> BTreeMap<String, Policy> {
+    TOOL_NAMES
+        .iter()
+        .map(|&name| {
+            let policy = if name == DangerousAction::NAME {
+                Policy::Ask
+            } else {
+                Policy::Allow
+            };
+            (name.to_owned(), policy)
+        })
+        .collect()
+}
+
+/// Why a tool call did not produce a result. The message goes back to the brain.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// No tool has this name.
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    /// The arguments did not match the tool's schema.
+    #[error("invalid arguments for {tool}: {reason}")]
+    InvalidArgs {
+        /// The tool.
+        tool: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The tool's policy is `deny`.
+    #[error("{0} is not allowed by the agent's policy")]
+    Denied(&'static str),
+    /// The user did not approve the call (or did not answer in time).
+    #[error("the user did not approve {tool} on {resource}")]
+    NotApproved {
+        /// The tool.
+        tool: &'static str,
+        /// The resource.
+        resource: String,
+    },
+    /// A workspace path was refused or missing.
+    #[error(transparent)]
+    Confine(#[from] ConfineError),
+    /// The connection to the surface is gone.
+    #[error("the surface is disconnected")]
+    Disconnected,
+    /// Anything else.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What a successful tool call returns.
+#[derive(Debug, Clone, Default)]
+pub struct ToolOutput {
+    /// Full text for the brain.
+    pub text: String,
+    /// A file delivered to the room by this call.
+    pub sent_file: Option<WorkspacePath>,
+}
+
+impl From<String> for ToolOutput {
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            sent_file: None,
+        }
+    }
+}
+
+/// What a tool gets besides its arguments.
+#[derive(Debug)]
+pub struct ToolCx<'a> {
+    /// The workspace as this chat may see it.
+    pub ws: &'a ScopedWorkspace,
+    /// The running turn.
+    pub turn: &'a str,
+    /// The way to the surface (emit messages, ask, approve).
+    pub link: &'a Link,
+}
+
+/// A tool: typed arguments and a function over the confined workspace.
+pub trait Tool: Send + Sync + 'static {
+    /// Name the brain uses.
+    const NAME: &'static str;
+    /// What it does, for the model.
+    const DESCRIPTION: &'static str;
+    /// Arguments; the JSON schema given to models is derived from this type.
+    type Args: DeserializeOwned + JsonSchema + Send + Sync + 'static;
+
+    /// What the call acts on (shown in approval prompts; approvals are remembered per resource).
+    fn resource(args: &Self::Args, scope: &ChatScope) -> String;
+
+    /// One sentence for the person approving the call.
+    fn summary(args: &Self::Args, scope: &ChatScope) -> String {
+        format!(
+            "{} wants to act on {}",
+            Self::NAME,
+            Self::resource(args, scope)
+        )
+    }
+
+    /// Runs the tool.
+    fn call(
+        args: Self::Args,
+        cx: &ToolCx<'_>,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
+}
+
+/// Object-safe view of a [`Tool`].
+trait DynTool: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn description(&self) -> &'static str;
+    fn schema(&self) -> serde_json::Value;
+    fn parse(
+        &self,
+        args: &serde_json::Value,
+        scope: &ChatScope,
+    ) -> Result<(String, String), ToolError>;
+    fn call<'a>(
+        &'a self,
+        args: serde_json::Value,
+        cx: &'a ToolCx<'a>,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+}
+
+struct Erased<T>(PhantomData<fn() -> T>);
+
+impl<T: Tool> Erased<T> {
+    fn args(args: &serde_json::Value) -> Result<T::Args, ToolError> {
+        T::Args::deserialize(args).map_err(|e| ToolError::InvalidArgs {
+            tool: T::NAME,
+            reason: e.to_string(),
+        })
+    }
+}
+
+use serde::Deserialize as _;
+
+impl<T: Tool> DynTool for Erased<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+
+    fn description(&self) -> &'static str {
+        T::DESCRIPTION
+    }
+
+    fn schema(&self) -> serde_json::Value {
+        let mut schema = serde_json::to_value(schemars::schema_for!(T::Args))
+            .unwrap_or_else(|_| serde_json::json!({"type": "object"}));
+        if let Some(obj) = schema.as_object_mut() {
+            obj.remove("$schema");
+            obj.remove("title");
+        }
+        schema
+    }
+
+    fn parse(
+        &self,
+        args: &serde_json::Value,
+        scope: &ChatScope,
+    ) -> Result<(String, String), ToolError> {
+        let args = Self::args(args)?;
+        Ok((T::resource(&args, scope), T::summary(&args, scope)))
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: serde_json::Value,
+        cx: &'a ToolCx<'a>,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let args = Self::args(&args)?;
+            T::call(args, cx).await
+        })
+    }
+}
+
+/// A tool as offered to a model: name, description and generated JSON schema.
+#[derive(Debug, Clone)]
+pub struct ToolSpec {
+    /// Tool name.
+    pub name: &'static str,
+    /// What it does.
+    pub description: &'static str,
+    /// JSON schema of its arguments.
+    pub parameters: serde_json::Value,
+}
+
+/// The outcome of one call, as the brain sees it.
+#[derive(Debug, Clone)]
+pub struct ToolOutcome {
+    /// Whether the tool ran and succeeded.
+    pub ok: bool,
+    /// Its output, or the error.
+    pub output: String,
+    /// A file the call delivered.
+    pub sent_file: Option<WorkspacePath>,
+}
+
+/// Decisions already taken during the current turn, so repeated requests for the same
+/// `(tool, resource)` are coalesced into one prompt.
+pub type TurnGrants = HashMap<(String, String), Decision>;
+
+/// All tools with their policies.
+pub struct Registry {
+    tools: BTreeMap<&'static str, Box<dyn DynTool>>,
+    policies: BTreeMap<String, Policy>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("policies", &self.policies)
+            .finish()
+    }
+}
+
+/// Longest tool output shown to the surface in a `tool_result`.
+const SHORT_OUTPUT_CHARS: usize = 300;
+
+impl Registry {
+    /// Every built-in tool, with `policies` (missing entries default to deny).
+    pub fn new(policies: BTreeMap<String, Policy>) -> Self {
+        let mut tools: BTreeMap<&'static str, Box<dyn DynTool>> = BTreeMap::new();
+        fn add<T: Tool>(tools: &mut BTreeMap<&'static str, Box<dyn DynTool>>) {
+            tools.insert(T::NAME, Box::new(Erased::<T>(PhantomData)));
+        }
+        add::<ListFiles>(&mut tools);
+        add::<ReadFile>(&mut tools);
+        add::<WriteFile>(&mut tools);
+        add::<SendFileTool>(&mut tools);
+        add::<AskUserTool>(&mut tools);
+        add::<DangerousAction>(&mut tools);
+        add::<DescribeFile>(&mut tools);
+        Self { tools, policies }
+    }
+
+    /// The policy of a tool.
+    pub fn policy(&self, name: &str) -> Policy {
+        self.policies.get(name).copied().unwrap_or(Policy::Deny)
+    }
+
+    /// Tools a model may call (those not denied), with generated schemas.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools
+            .values()
+            .filter(|t| self.policy(t.name()) != Policy::Deny)
+            .map(|t| ToolSpec {
+                name: t.name(),
+                description: t.description(),
+                parameters: t.schema(),
+            })
+            .collect()
+    }
+
+    /// Runs a tool call end to end: announces it, applies the policy (asking the user when
+    /// needed), runs it and reports the result. Errors become a failed outcome for the brain.
+    #[instrument(skip_all, fields(chat_id = %cx.ws.scope.chat(), turn = cx.turn, tool = name))]
+    pub async fn invoke(
+        &self,
+        name: &str,
+        arguments: &str,
+        cx: &ToolCx<'_>,
+        grants: &mut TurnGrants,
+    ) -> ToolOutcome {
+        let call_id = crate::turn::new_id("call");
+        let _ = cx
+            .link
+            .emit(ToolCallChunk {
+                turn: cx.turn.to_owned(),
+                call_id: call_id.clone(),
+                name: name.to_owned(),
+                arguments: arguments.to_owned(),
+            })
+            .await;
+        let result = self.run(name, arguments, cx, grants).await;
+        let outcome = match result {
+            Ok(out) => {
+                info!("tool call succeeded");
+                ToolOutcome {
+                    ok: true,
+                    output: out.text,
+                    sent_file: out.sent_file,
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "tool call failed");
+                ToolOutcome {
+                    ok: false,
+                    output: e.to_string(),
+                    sent_file: None,
+                }
+            }
+        };
+        let _ = cx
+            .link
+            .emit(ToolResult {
+                turn: cx.turn.to_owned(),
+                call_id,
+                ok: outcome.ok,
+                output: shorten(&outcome.output, SHORT_OUTPUT_CHARS),
+            })
+            .await;
+        outcome
+    }
+
+    async fn run(
+        &self,
+        name: &str,
+        arguments: &str,
+        cx: &ToolCx<'_>,
+        grants: &mut TurnGrants,
+    ) -> Result<ToolOutput, ToolError> {
+        let tool = self
+            .tools
+            .get(name)
+            .ok_or_else(|| ToolError::UnknownTool(name.to_owned()))?;
+        let args: serde_json::Value = if arguments.trim().is_empty() {
+            serde_json::json!({})
+        } else {
+            serde_json::from_str(arguments).map_err(|e| ToolError::InvalidArgs {
+                tool: tool.name(),
+                reason: e.to_string(),
+            })?
+        };
+        let (resource, summary) = tool.parse(&args, &cx.ws.scope)?;
+        match self.policy(name) {
+            Policy::Allow => {}
+            Policy::Deny => return Err(ToolError::Denied(tool.name())),
+            Policy::Ask => {
+                let key = (tool.name().to_owned(), resource.clone());
+                let decision = if cx.link.chat.is_always_allowed(&key).await {
+                    Decision::AllowAlways
+                } else if let Some(d) = grants.get(&key) {
+                    *d
+                } else {
+                    let d = cx
+                        .link
+                        .approve(cx.turn, tool.name(), &resource, &summary)
+                        .await
+                        .map_err(|_| ToolError::Disconnected)?;
+                    grants.insert(key.clone(), d);
+                    if d == Decision::AllowAlways
+                        && let Err(e) = cx.link.chat.allow_always(key).await
+                    {
+                        warn!(error = %e, "could not remember the approval");
+                    }
+                    d
+                };
+                if decision == Decision::Deny {
+                    return Err(ToolError::NotApproved {
+                        tool: tool.name(),
+                        resource,
+                    });
+                }
+            }
+        }
+        tool.call(args, cx).await
+    }
+}
+
+/// Cuts `s` to at most `max` characters, marking the cut.
+pub fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+/// Runs blocking workspace I/O off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
+) -> Result<T, ToolError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ToolError::Failed(format!("internal error: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemas_are_generated_for_every_tool() {
+        let registry = Registry::new(default_policies());
+        let specs = registry.specs();
+        assert_eq!(specs.len(), TOOL_NAMES.len());
+        for spec in specs {
+            assert_eq!(spec.parameters["type"], "object", "{}", spec.name);
+            assert!(spec.parameters.get("$schema").is_none());
+        }
+        let write = registry
+            .specs()
+            .into_iter()
+            .find(|s| s.name == "write_file")
+            .unwrap();
+        let required = write.parameters["required"].as_array().unwrap();
+        assert!(required.contains(&serde_json::json!("path")));
+        assert!(required.contains(&serde_json::json!("content")));
+    }
+
+    #[test]
+    fn denied_tools_are_not_offered() {
+        let mut policies = default_policies();
+        policies.insert("write_file".into(), Policy::Deny);
+        let registry = Registry::new(policies);
+        assert!(registry.specs().iter().all(|s| s.name != "write_file"));
+        assert_eq!(registry.policy("nonexistent"), Policy::Deny);
+    }
+
+    #[test]
+    fn shorten_marks_cuts() {
+        assert_eq!(shorten("abc", 5), "abc");
+        assert_eq!(shorten("abcdef", 3), "abc…");
+    }
+}
