@@ -1,0 +1,456 @@
+#!/usr/bin/env bash
+# End-to-end check of the compose deployment, through real containers:
+# Synapse + register step + agent + surface + the shared `workspace` volume.
+#
+# This machine kind has a Docker engine but no registry, so the script first makes the images it
+# needs from Debian packages, and caches them (skipped when the tag exists with the same key):
+#   * debian:bookworm-slim            debootstrap --variant=minbase bookworm, `docker import`ed
+#   * mxbridge-local/synapse:1.163.2  FROM that base: python3 + venv + pip install matrix-synapse
+#   * agent / surface runtime images  docker/prebuilt.Dockerfile over the host-built binaries
+#                                     (compose.local.yaml replaces the Rust builder stage)
+# then runs `compose -f compose.yaml -f compose.local.yaml up`, and checks as a person would:
+#   register happened; a user opens a DM with the bot; a file sent as m.file lands in the volume
+#   with the exact bytes (sha256 inside the agent AND the surface container); the reply arrives;
+#   `note x.txt hello` makes the agent write into the volume and its file comes back to the room
+#   (downloaded, compared); both containers read and write each other's files (uid 10001);
+#   `restart surface` / `restart agent` lose nothing, and a message sent while the surface (or
+#   the agent) is stopped is answered after it comes back.
+# Cleans up with `down -v` (trap). Prints timing figures.
+#
+# No Docker engine (`docker info` fails): prints "DOCKER E2E SKIPPED: no Docker engine", exits 0.
+#
+# Environment (all optional):
+#   MXBRIDGE_E2E_PROJECT     compose project name (default mxbridge-e2e)
+#   MXBRIDGE_E2E_BIN_DIR     directory with prebuilt `agent` and `surface` (default: build them with
+#                            `cargo build -p agent -p surface` into $CARGO_TARGET_DIR, then use
+#                            $CARGO_TARGET_DIR/debug)
+#   CARGO_TARGET_DIR         default /root/.cache/mxbridge/target (shared with the other builds)
+#   MXBRIDGE_DOCKER_CACHE    scratch/cache folder (default ~/.cache/mxbridge/docker-e2e)
+#   MXBRIDGE_E2E_KEEP=1      leave the stack running at the end (no `down -v`)
+#   MXBRIDGE_E2E_TIMEOUT     seconds per wait in the Matrix checks (default 120)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PROJECT="${MXBRIDGE_E2E_PROJECT:-mxbridge-e2e}"
+CACHE="${MXBRIDGE_DOCKER_CACHE:-${HOME:-/root}/.cache/mxbridge/docker-e2e}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/root/.cache/mxbridge/target}"
+
+# Cache keys: bump a version string to force a rebuild of that image.
+BASE_TAG="debian:bookworm-slim"
+BASE_KEY="mxbridge-base-bookworm-minbase-v1"
+SYNAPSE_VERSION="1.163.2"
+SYNAPSE_TAG="mxbridge-local/synapse:${SYNAPSE_VERSION}"
+SYNAPSE_KEY_VERSION="mxbridge-synapse-${SYNAPSE_VERSION}-v1"
+AGENT_TAG="mxbridge-local/agent:prebuilt"
+SURFACE_TAG="mxbridge-local/surface:prebuilt"
+
+T_START=$(date +%s)
+TIMINGS=()
+phase_start=$T_START
+phase() { # phase NAME: closes the running phase under NAME
+    local now
+    now=$(date +%s)
+    TIMINGS+=("$(printf '%-34s %5ds' "$1" $((now - phase_start)))")
+    phase_start=$now
+}
+print_timings() {
+    echo "---- docker e2e timings ----"
+    local t
+    for t in "${TIMINGS[@]}"; do echo "  $t"; done
+    echo "  $(printf '%-34s %5ds' total $(($(date +%s) - T_START)))"
+}
+say() { echo "[docker-e2e $(date -u +%H:%M:%S)] $*"; }
+die() { echo "[docker-e2e] FAILED: $*" >&2; exit 1; }
+
+if ! docker info >/dev/null 2>&1; then
+    echo "################################################################"
+    echo "#  DOCKER E2E SKIPPED: no Docker engine (docker info failed)   #"
+    echo "################################################################"
+    exit 0
+fi
+
+apt_updated=0
+apt_install() {
+    if [ "$apt_updated" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# Compose v2 plugin if present, else docker-compose (1.29, Debian's package).
+if docker compose version >/dev/null 2>&1; then
+    COMPOSE=(docker compose)
+    COMPOSE_V2=1
+else
+    command -v docker-compose >/dev/null 2>&1 || apt_install docker-compose
+    COMPOSE=(docker-compose)
+    COMPOSE_V2=0
+fi
+say "engine $(docker version -f '{{.Server.Version}}'), compose: $("${COMPOSE[@]}" version --short 2>/dev/null || echo '?')"
+
+mkdir -p "$CACHE"
+ENV_FILE="$CACHE/$PROJECT.env"
+STATE="$CACHE/$PROJECT.state.json"
+WORK="$CACHE/$PROJECT.work"
+CTX="$REPO/target/docker-prebuilt"
+rm -rf "$WORK"
+mkdir -p "$WORK" "$CTX/bin"
+
+dc() {
+    "${COMPOSE[@]}" --env-file "$ENV_FILE" -p "$PROJECT" \
+        -f "$REPO/compose.yaml" -f "$REPO/compose.local.yaml" "$@"
+}
+cid_of() { # the (possibly stopped) container of a compose service
+    docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
+        --filter "label=com.docker.compose.service=$1" | head -n1
+}
+image_key() { docker image inspect -f '{{ index .Config.Labels "mxbridge.cache-key" }}' "$1" 2>/dev/null || true; }
+image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# ------------------------------------------------------------------------------------------------
+# 1. debian:bookworm-slim from Debian packages (debootstrap), cached by tag + key.
+detect_mirror() {
+    python3 - <<'PY'
+import glob, re
+cands = []
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    for block in re.split(r"\n\s*\n", open(path, encoding="utf-8", errors="replace").read()):
+        fields = {}
+        for line in block.splitlines():
+            if line.startswith("#") or ":" not in line or line[:1].isspace():
+                continue
+            k, v = line.split(":", 1)
+            fields[k.strip().lower()] = v.split()
+        if "deb" in fields.get("types", []) and "bookworm" in fields.get("suites", []):
+            cands += fields.get("uris", [])
+for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+    try:
+        lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        parts = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+        if len(parts) >= 3 and parts[0] == "deb" and parts[2] == "bookworm":
+            cands.append(parts[1])
+print(cands[0] if cands else "http://deb.debian.org/debian")
+PY
+}
+
+build_base() {
+    local mirror rootfs
+    mirror="$(detect_mirror)"
+    command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
+    rootfs="$CACHE/rootfs-bookworm"
+    rm -rf "$rootfs"
+    say "debootstrap --variant=minbase bookworm from $mirror"
+    debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+        || { tail -20 "$CACHE/debootstrap.log"; die "debootstrap failed (log: $CACHE/debootstrap.log)"; }
+    # Slim it down like the official -slim image: no docs/man/locales, no apt lists, and dpkg
+    # excludes so later installs stay slim too.
+    rm -rf "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
+        "$rootfs"/usr/share/locale/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin \
+        "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/* "$rootfs"/etc/resolv.conf \
+        "$rootfs"/etc/hostname
+    mkdir -p "$rootfs/etc/dpkg/dpkg.cfg.d" "$rootfs/etc/apt/apt.conf.d"
+    cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+EOF
+    cat >"$rootfs/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";
+APT::Install-Recommends "false";
+EOF
+    printf 'deb %s bookworm main\ndeb %s bookworm-updates main\n' "$mirror" "$mirror" \
+        >"$rootfs/etc/apt/sources.list"
+    tar --numeric-owner -C "$rootfs" -c . | docker import \
+        --change "LABEL mxbridge.cache-key=$BASE_KEY" \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["bash"]' - "$BASE_TAG" >/dev/null
+    rm -rf "$rootfs"
+}
+
+key="$(image_key "$BASE_TAG")"
+if [ "$key" = "$BASE_KEY" ]; then
+    say "$BASE_TAG: cached ($BASE_KEY)"
+elif image_exists "$BASE_TAG" && [ -z "$key" ]; then
+    say "$BASE_TAG: using the existing (not locally made) image"
+else
+    say "$BASE_TAG: building from Debian packages"
+    build_base
+fi
+phase "base image $BASE_TAG"
+
+# ------------------------------------------------------------------------------------------------
+# 2. Synapse image FROM that base: Debian's python3 + a venv with matrix-synapse from PyPI.
+# Built with `docker run` + `docker commit` so the host's CA bundle and pip cache can be mounted
+# for the install (this machine's egress re-signs TLS) without ending up in the image.
+base_id="$(docker image inspect -f '{{.Id}}' "$BASE_TAG")"
+SYNAPSE_KEY="${SYNAPSE_KEY_VERSION}-${base_id#sha256:}"
+SYNAPSE_KEY="${SYNAPSE_KEY:0:80}"
+if [ "$(image_key "$SYNAPSE_TAG")" = "$SYNAPSE_KEY" ]; then
+    say "$SYNAPSE_TAG: cached"
+else
+    say "$SYNAPSE_TAG: building (pip install matrix-synapse==$SYNAPSE_VERSION)"
+    ca="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
+    pip_cache="$CACHE/pip-cache" # our own; mounted outside /root so nothing below deletes it
+    mkdir -p "$pip_cache"
+    builder="$PROJECT-synapse-build"
+    docker rm -f "$builder" >/dev/null 2>&1 || true
+    mounts=(-v "$pip_cache:/run/pip-cache")
+    [ -f "$ca" ] && mounts+=(-v "$ca:/run/host-ca.crt:ro")
+    docker run --name "$builder" "${mounts[@]}" "$BASE_TAG" sh -euc "
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates >/dev/null
+        python3 -m venv /opt/synapse
+        if [ -f /run/host-ca.crt ]; then export PIP_CERT=/run/host-ca.crt; fi
+        /opt/synapse/bin/pip install -q --disable-pip-version-check --cache-dir /run/pip-cache 'matrix-synapse==$SYNAPSE_VERSION'
+        /opt/synapse/bin/python -c 'import synapse; print(\"synapse\", synapse.__version__)'
+        groupadd --system --gid 991 synapse
+        useradd --system --uid 991 --gid 991 --home-dir /data --no-create-home synapse
+        install -d -o 991 -g 991 /data
+        apt-get clean; rm -rf /var/lib/apt/lists/* /tmp/*
+        find /opt/synapse -name __pycache__ -prune -exec rm -rf {} +
+    " >"$CACHE/synapse-build.log" 2>&1 \
+        || { tail -30 "$CACHE/synapse-build.log"; docker rm -f "$builder" >/dev/null; die "synapse image build failed"; }
+    docker commit \
+        --change "LABEL mxbridge.cache-key=$SYNAPSE_KEY" \
+        --change 'ENV PATH=/opt/synapse/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'WORKDIR /data' \
+        --change 'EXPOSE 8008' \
+        --change 'ENTRYPOINT []' \
+        --change 'CMD ["python3", "-m", "synapse.app.homeserver", "--config-path", "/data/homeserver.yaml"]' \
+        "$builder" "$SYNAPSE_TAG" >/dev/null
+    docker rm -f "$builder" >/dev/null
+fi
+phase "synapse image"
+
+# ------------------------------------------------------------------------------------------------
+# 3. Host-built binaries -> runtime images (compose.local.yaml: docker/prebuilt.Dockerfile).
+if [ -n "${MXBRIDGE_E2E_BIN_DIR:-}" ]; then
+    BIN_DIR="$MXBRIDGE_E2E_BIN_DIR"
+else
+    say "cargo build -p agent -p surface (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    (cd "$REPO" && cargo build -q -p agent -p surface) || die "cargo build -p agent -p surface failed"
+    BIN_DIR="$CARGO_TARGET_DIR/debug"
+fi
+for b in agent surface; do
+    [ -x "$BIN_DIR/$b" ] || die "no binary $BIN_DIR/$b"
+    # Debug info is most of a debug binary; the image does not need it.
+    objcopy --strip-debug "$BIN_DIR/$b" "$CTX/bin/$b.tmp"
+    if cmp -s "$CTX/bin/$b.tmp" "$CTX/bin/$b"; then rm -f "$CTX/bin/$b.tmp"; else mv "$CTX/bin/$b.tmp" "$CTX/bin/$b"; fi
+done
+cp "$REPO/docker/prebuilt.Dockerfile" "$REPO/docker/runtime-setup.sh" "$REPO/docker/entrypoint.sh" \
+    "$REPO/docker/healthcheck.sh" "$CTX/"
+phase "stage binaries"
+
+# Random per-run secrets and a free loopback port for Synapse.
+rand() { python3 -c 'import secrets; print(secrets.token_hex(16))'; }
+SYNAPSE_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+E2E_PASSWORD="pw-$(rand)"
+cat >"$ENV_FILE" <<EOF
+SYNAPSE_SERVER_NAME=localhost
+SYNAPSE_HOST_PORT=$SYNAPSE_PORT
+SYNAPSE_PUBLIC_BASEURL=http://localhost:$SYNAPSE_PORT/
+SYNAPSE_REGISTRATION_SHARED_SECRET=e2e-$(rand)
+SYNAPSE_LOCAL_IMAGE=$SYNAPSE_TAG
+AGENT_LOCAL_IMAGE=$AGENT_TAG
+SURFACE_LOCAL_IMAGE=$SURFACE_TAG
+MXBRIDGE_PREBUILT_CONTEXT=$CTX
+AGENT_TOKEN=e2e-$(rand)
+AGENT_BRAIN=builtin
+MATRIX_BOT_LOCALPART=bot
+MATRIX_BOT_PASSWORD=bot-$(rand)
+MATRIX_TEST_LOCALPART=alice
+MATRIX_TEST_PASSWORD=$E2E_PASSWORD
+AGENT_RUST_LOG=info
+SURFACE_RUST_LOG=info
+EOF
+
+export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 # prebuilt.Dockerfile needs no BuildKit
+dc config -q || die "compose config does not validate"
+dc down -v --remove-orphans >/dev/null 2>&1 || true # leftovers of an interrupted run
+
+FAILED=1
+cleanup() {
+    local rc=$?
+    set +e
+    if [ "$FAILED" = 1 ]; then
+        say "failure: container states and last log lines (full logs: $CACHE/$PROJECT.logs)"
+        dc ps -a 2>/dev/null || dc ps
+        dc logs --no-color >"$CACHE/$PROJECT.logs" 2>&1
+        for s in synapse-init matrix-register synapse agent surface; do
+            echo "----- $s -----"
+            grep -a "^$s" "$CACHE/$PROJECT.logs" | tail -n 40
+        done
+    fi
+    if [ "${MXBRIDGE_E2E_KEEP:-0}" = 1 ]; then
+        say "MXBRIDGE_E2E_KEEP=1: stack left running (project $PROJECT, synapse on 127.0.0.1:$SYNAPSE_PORT)"
+    else
+        local t0
+        t0=$(date +%s)
+        dc down -v --remove-orphans >/dev/null 2>&1
+        TIMINGS+=("$(printf '%-34s %5ds' "compose down -v" $(($(date +%s) - t0)))")
+    fi
+    print_timings
+    if [ "$FAILED" = 1 ]; then
+        echo "DOCKER E2E: FAILED"
+        echo "0 passed, 1 failed"
+        exit $((rc == 0 ? 1 : rc))
+    fi
+}
+trap cleanup EXIT
+
+say "building runtime images from $CTX"
+dc build agent surface >"$CACHE/compose-build.log" 2>&1 \
+    || { tail -30 "$CACHE/compose-build.log"; die "building the runtime images failed"; }
+phase "runtime images (prebuilt)"
+
+# Two throwaway containers (agent image, then surface image, then agent again) on a fresh
+# volume: the volume inherits /workspace's owner from the image, and each side reads, appends to,
+# renames and deletes what the other wrote.
+perm_vol="$PROJECT-permcheck"
+docker volume rm -f "$perm_vol" >/dev/null 2>&1 || true
+docker volume create "$perm_vol" >/dev/null
+perm_run() { docker run --rm --network none -v "$perm_vol:/workspace" "$1" sh -euc "$2"; }
+perm_out="$(
+    perm_run "$AGENT_TAG" 'test "$(id -u):$(id -g)" = 10001:10001; test "$(stat -c %u:%g /workspace)" = 10001:10001
+        mkdir -p /workspace/chats/c && echo agent > /workspace/chats/c/a.txt; stat -c %a /workspace/chats/c/a.txt' &&
+    perm_run "$SURFACE_TAG" 'test "$(id -u):$(id -g)" = 10001:10001
+        cat /workspace/chats/c/a.txt; echo surface >> /workspace/chats/c/a.txt; mv /workspace/chats/c/a.txt /workspace/chats/c/b.txt
+        mkdir -p /workspace/surfaces/matrix/u/r/inbox && echo inbox > /workspace/surfaces/matrix/u/r/inbox/f.txt' &&
+    perm_run "$AGENT_TAG" 'cat /workspace/chats/c/b.txt; echo agent2 >> /workspace/surfaces/matrix/u/r/inbox/f.txt
+        cat /workspace/surfaces/matrix/u/r/inbox/f.txt; rm /workspace/surfaces/matrix/u/r/inbox/f.txt /workspace/chats/c/b.txt'
+)" || { docker volume rm -f "$perm_vol" >/dev/null; die "cross-container permission check failed: $perm_out"; }
+docker volume rm -f "$perm_vol" >/dev/null
+[ "$(echo $perm_out)" = "664 agent agent surface inbox agent2" ] \
+    || die "cross-container permission check: unexpected output: $(echo $perm_out)"
+say "ok: throwaway agent/surface containers share a fresh volume as 10001:10001 (files 664, umask 002)"
+phase "cross-container permission check"
+
+# ------------------------------------------------------------------------------------------------
+# 4. Up, and wait until every long-running service is healthy.
+wait_healthy() { # wait_healthy SECONDS SERVICE...
+    local limit=$1 s cid st deadline
+    shift
+    deadline=$(($(date +%s) + limit))
+    for s in "$@"; do
+        while :; do
+            cid="$(cid_of "$s")"
+            st="$([ -n "$cid" ] && docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$cid" 2>/dev/null || echo missing)"
+            [ "$st" = healthy ] && break
+            case "$st" in exited | dead) die "service $s stopped while waiting for it to be healthy" ;; esac
+            [ "$(date +%s)" -lt "$deadline" ] || die "service $s not healthy after ${limit}s (state: $st)"
+            sleep 1
+        done
+    done
+}
+say "compose up (project $PROJECT, synapse on 127.0.0.1:$SYNAPSE_PORT)"
+if [ "$COMPOSE_V2" = 1 ]; then
+    dc up -d --wait --wait-timeout 300 || die "compose up --wait failed"
+else
+    dc up -d || die "compose up failed" # 1.29 has no --wait; depends_on conditions still hold
+    wait_healthy 300 synapse agent surface
+fi
+reg="$(cid_of matrix-register)"
+[ -n "$reg" ] && [ "$(docker inspect -f '{{.State.ExitCode}}' "$reg")" = 0 ] \
+    || die "the register step did not complete successfully"
+docker logs "$reg" 2>&1 | sed 's/^/  register| /'
+phase "compose up to healthy"
+
+# ------------------------------------------------------------------------------------------------
+# 5. The checks, as a person in a Matrix client would do them.
+export E2E_HOMESERVER="http://127.0.0.1:$SYNAPSE_PORT" E2E_USER=alice E2E_PASSWORD \
+    E2E_BOT="@bot:localhost" E2E_TIMEOUT="${MXBRIDGE_E2E_TIMEOUT:-120}"
+chk() { python3 "$REPO/docker/e2e_check.py" --state "$STATE" "$@"; }
+json_field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+PASSED=0
+ok() { PASSED=$((PASSED + 1)); say "ok: $*"; }
+
+chk setup
+ok "register step ran; alice opened a DM and the bot joined"
+
+# Cross-container permissions on the shared volume: the surface writes, the agent reads and
+# appends, the surface reads the result; both run as 10001:10001.
+dc exec -T surface sh -c 'id -u; id -g; echo from-surface > /workspace/.e2e-perm-probe' | tr '\n' ' ' | grep -qx '10001 10001 ' \
+    || die "surface does not run as 10001:10001"
+dc exec -T agent sh -c 'cat /workspace/.e2e-perm-probe && echo from-agent >> /workspace/.e2e-perm-probe' >/dev/null \
+    || die "the agent cannot read+write a file the surface created"
+[ "$(dc exec -T surface cat /workspace/.e2e-perm-probe | tr -d '\r')" = "$(printf 'from-surface\nfrom-agent')" ] \
+    || die "the surface does not see the agent's write"
+dc exec -T surface rm -f /workspace/.e2e-perm-probe
+ok "surface and agent read and write each other's files in the workspace volume"
+
+# A file sent as m.file reaches the volume with the exact bytes, and the reply arrives.
+python3 -c 'import os,sys; open(sys.argv[1],"wb").write(b"docker e2e line one\nline two\n" + os.urandom(16).hex().encode() + b"\n")' "$WORK/report.txt"
+sent="$(chk send-file "$WORK/report.txt")"
+path="$(json_field "$sent" path)"
+want="$(sha256sum "$WORK/report.txt" | cut -d' ' -f1)"
+ok "reply quoting sha256 $want arrived; file at $path"
+for s in agent surface; do
+    got="$(dc exec -T "$s" sha256sum "/workspace/$path" | cut -d' ' -f1)"
+    [ "$got" = "$want" ] || die "$s sees sha256 $got for /workspace/$path, want $want"
+done
+owner="$(dc exec -T agent stat -c '%u:%g %A' "/workspace/$path" | tr -d '\r')"
+ok "agent and surface containers see the exact bytes (sha256 match; owner/mode $owner)"
+
+# The agent writes into the volume; its send_file reaches the room; download and compare.
+ev="$(chk send "note x.txt hello")"
+got="$(chk wait-file "$ev" x.txt "$WORK/x.txt")"
+if [ "$(cat "$WORK/x.txt")" != hello ]; then
+    die "x.txt downloaded from the room holds $(od -c "$WORK/x.txt" | head -3), want 'hello'"
+fi
+agent_copy="$(dc exec -T surface sh -c 'cat /workspace/chats/*/x.txt')"
+[ "$agent_copy" = hello ] || die "the surface container does not see chats/*/x.txt with 'hello'"
+ok "note x.txt hello: written by the agent into the volume, posted to the room, downloaded back equal"
+
+# Restarts lose nothing.
+t_restart=$(date +%s)
+dc restart surface >/dev/null 2>&1
+wait_healthy 180 surface
+ev="$(chk send "after surface restart $(rand)")"
+chk wait-text "$ev" "after surface restart" >/dev/null
+ok "restart surface: answered afterwards"
+
+dc restart agent >/dev/null 2>&1
+wait_healthy 180 agent surface
+ev="$(chk send "history")"
+hist="$(chk wait-text "$ev" "" 2>/dev/null | head -c 400)"
+say "history after agent restart: $hist"
+nonce="$(rand)"
+ev="$(chk send "after agent restart $nonce")"
+chk wait-text "$ev" "$nonce" >/dev/null
+ok "restart agent: answered afterwards"
+
+dc stop surface >/dev/null 2>&1
+nonce="$(rand)"
+ev="$(chk send "sent while the surface was stopped $nonce")"
+dc start surface >/dev/null 2>&1
+wait_healthy 180 surface
+chk wait-text "$ev" "$nonce" >/dev/null
+ok "a message sent while the surface was stopped is answered after it starts"
+
+dc stop agent >/dev/null 2>&1
+nonce="$(rand)"
+ev="$(chk send "sent while the agent was stopped $nonce")"
+sleep 3
+dc start agent >/dev/null 2>&1
+wait_healthy 180 agent surface
+chk wait-text "$ev" "$nonce" >/dev/null
+ok "a message sent while the agent was stopped is answered after it starts"
+
+# The earlier file is still in the volume after all that, byte for byte.
+got="$(dc exec -T agent sha256sum "/workspace/$path" | cut -d' ' -f1)"
+[ "$got" = "$want" ] || die "after the restarts the agent sees sha256 $got for $path"
+ok "after the restarts the volume still holds the inbound file unchanged"
+TIMINGS+=("$(printf '%-34s %5ds' "  of which restarts" $(($(date +%s) - t_restart)))")
+phase "end-to-end checks"
+
+FAILED=0
+echo "DOCKER E2E: PASSED ($PASSED checks)"
+echo "$PASSED passed, 0 failed"
