@@ -1,0 +1,438 @@
+//! The durable link between one chat's lane and the agent: connects, does the handshake
+//! (version and shared-workspace proof), resends every stored turn the agent has not got yet,
+//! and reconnects with exponential backoff and jitter. User messages are only ever sent from
+//! the journal, so a message is never lost or sent twice by a reconnect race.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use protocol::{ChatId, Hello, PROTOCOL_VERSION, Sentinel, ToAgent, ToSurface, Welcome};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+use url::Url;
+
+use crate::config::Secret;
+use crate::connection::{Connection, ConnectionError};
+use crate::health::{AgentStatus, Health};
+use crate::journal::Journal;
+
+/// How long the agent may take to answer `hello`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Keepalive ping interval.
+const PING_EVERY: Duration = Duration::from_secs(30);
+/// With no frame at all for this long, the connection is presumed dead.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The shared-workspace proof, implemented over the workspace (and faked in tests).
+pub trait WorkspaceProof: Send + Sync + 'static {
+    /// Writes a fresh sentinel the agent must find.
+    fn write_sentinel(&self) -> Result<Sentinel, String>;
+    /// Checks a sentinel the agent wrote.
+    fn check_sentinel(&self, sentinel: &Sentinel) -> Result<(), String>;
+}
+
+/// Where and how to reach the agent.
+#[derive(Clone)]
+pub struct AgentEndpoint {
+    /// Base `ws://` URL.
+    pub url: Url,
+    /// Bearer token.
+    pub token: Secret,
+    /// Sentinel writer/checker.
+    pub proof: Arc<dyn WorkspaceProof>,
+    /// Where handshake outcomes are reported.
+    pub health: Arc<Health>,
+}
+
+impl std::fmt::Debug for AgentEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentEndpoint")
+            .field("url", &self.url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// Connecting failed.
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+    /// No welcome in time, or the connection closed first.
+    #[error("no welcome from the agent")]
+    NoWelcome,
+    /// The first frame was not a welcome.
+    #[error("agent sent {0} instead of welcome")]
+    Unexpected(String),
+    /// Different protocol versions.
+    #[error("protocol version mismatch: surface {ours}, agent {theirs}")]
+    Version {
+        /// Ours.
+        ours: u32,
+        /// Theirs.
+        theirs: u32,
+    },
+    /// The workspace proof failed on either side.
+    #[error("shared workspace mismatch: {0}")]
+    Workspace(String),
+}
+
+impl HandshakeError {
+    fn health(&self) -> AgentStatus {
+        match self {
+            Self::Version { .. } => AgentStatus::ProtocolMismatch(self.to_string()),
+            Self::Workspace(_) => AgentStatus::WorkspaceMismatch(self.to_string()),
+            _ => AgentStatus::Unreachable(self.to_string()),
+        }
+    }
+}
+
+/// Checks the agent's welcome: same version, it found our sentinel, we find its sentinel.
+pub fn check_welcome(w: &Welcome, proof: &dyn WorkspaceProof) -> Result<(), HandshakeError> {
+    if w.protocol_version != PROTOCOL_VERSION {
+        return Err(HandshakeError::Version {
+            ours: PROTOCOL_VERSION,
+            theirs: w.protocol_version,
+        });
+    }
+    match w.workspace.surface_sentinel_ok {
+        Some(true) => {}
+        Some(false) => {
+            return Err(HandshakeError::Workspace(
+                "the agent did not find the surface's sentinel file under its workspace root"
+                    .into(),
+            ));
+        }
+        None => {
+            return Err(HandshakeError::Workspace(
+                "the agent did not check the surface's sentinel".into(),
+            ));
+        }
+    }
+    let Some(theirs) = &w.workspace.agent_sentinel else {
+        return Err(HandshakeError::Workspace(
+            "the agent sent no sentinel".into(),
+        ));
+    };
+    proof.check_sentinel(theirs).map_err(|e| {
+        HandshakeError::Workspace(format!(
+            "the surface did not find the agent's sentinel {}: {e}",
+            theirs.path
+        ))
+    })
+}
+
+/// Connects and completes the handshake. Returns the connection and the welcome.
+pub async fn handshake(
+    endpoint: &AgentEndpoint,
+    chat: &ChatId,
+) -> Result<(Connection, Welcome), HandshakeError> {
+    let mut conn = Connection::connect(&endpoint.url, chat, &endpoint.token).await?;
+    let sentinel = endpoint.proof.write_sentinel().map_err(|e| {
+        HandshakeError::Workspace(format!("cannot write the surface sentinel: {e}"))
+    })?;
+    conn.send(&ToAgent::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        surface: "matrix".into(),
+        workspace_sentinel: Some(sentinel),
+    }))
+    .await?;
+    let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, conn.recv()).await {
+        Ok(Ok(Some(ToSurface::Welcome(w)))) => w,
+        Ok(Ok(Some(ToSurface::Error(e)))) => {
+            conn.close().await;
+            let err = HandshakeError::Unexpected(format!("error {:?}: {}", e.code, e.message));
+            return Err(match e.code {
+                protocol::ErrorCode::WorkspaceMismatch => HandshakeError::Workspace(e.message),
+                _ => err,
+            });
+        }
+        Ok(Ok(Some(other))) => {
+            conn.close().await;
+            return Err(HandshakeError::Unexpected(
+                format!("{other:?}").chars().take(80).collect(),
+            ));
+        }
+        Ok(Ok(None)) | Err(_) => return Err(HandshakeError::NoWelcome),
+        Ok(Err(e)) => return Err(e.into()),
+    };
+    if let Err(e) = check_welcome(&welcome, endpoint.proof.as_ref()) {
+        conn.close().await;
+        return Err(e);
+    }
+    Ok((conn, welcome))
+}
+
+/// What the link tells its lane.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LinkEvent {
+    /// A (re)connection completed; the agent has every turn up to `last_seq`.
+    Connected {
+        /// From the welcome.
+        last_seq: u64,
+    },
+    /// A message from the agent (acks are also recorded in the journal by the link).
+    Message(ToSurface),
+    /// The connection dropped; the link is reconnecting.
+    Disconnected,
+}
+
+enum Outgoing {
+    Msg(Box<ToAgent>),
+    TurnsStored,
+}
+
+/// The lane's handle on its link. Cloneable (answers to questions are sent through it from
+/// the sync ingest).
+#[derive(Debug, Clone)]
+pub struct LinkHandle {
+    out: mpsc::UnboundedSender<Outgoing>,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Msg(m) => write!(f, "Msg({m:?})"),
+            Self::TurnsStored => f.write_str("TurnsStored"),
+        }
+    }
+}
+
+impl LinkHandle {
+    /// Tells the link that new turns are in the journal (it sends them in `seq` order).
+    pub fn turns_stored(&self) {
+        let _ = self.out.send(Outgoing::TurnsStored);
+    }
+
+    /// Sends a non-turn message (answer, decision, delivery result, cancel). Queued while
+    /// disconnected and sent after the resend of stored turns.
+    pub fn send(&self, msg: ToAgent) {
+        if matches!(msg, ToAgent::UserMessage(_) | ToAgent::Hello(_)) {
+            warn!("user messages go through the journal; ignoring a direct send");
+            return;
+        }
+        let _ = self.out.send(Outgoing::Msg(Box::new(msg)));
+    }
+}
+
+/// Starts the link task for `chat`. Events for the lane arrive on the returned receiver; the
+/// task ends on `shutdown` or when every [`LinkHandle`] is dropped.
+pub fn spawn(
+    endpoint: AgentEndpoint,
+    chat: ChatId,
+    journal: Arc<Journal>,
+    shutdown: CancellationToken,
+    tracker: &tokio_util::task::TaskTracker,
+) -> (LinkHandle, mpsc::Receiver<LinkEvent>) {
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (ev_tx, ev_rx) = mpsc::channel(256);
+    let span = info_span!("agent_link", chat_id = %chat);
+    tracker.spawn(run(endpoint, chat, journal, shutdown, out_rx, ev_tx).instrument(span));
+    (LinkHandle { out: out_tx }, ev_rx)
+}
+
+fn backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
+
+async fn run(
+    endpoint: AgentEndpoint,
+    chat: ChatId,
+    journal: Arc<Journal>,
+    shutdown: CancellationToken,
+    mut out_rx: mpsc::UnboundedReceiver<Outgoing>,
+    ev_tx: mpsc::Sender<LinkEvent>,
+) {
+    let mut delays = backoff();
+    // Non-turn messages that could not be sent yet, in order.
+    let mut queued: VecDeque<ToAgent> = VecDeque::new();
+    loop {
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = handshake(&endpoint, &chat) => r,
+        };
+        let (mut conn, welcome) = match attempt {
+            Ok(ok) => ok,
+            Err(e) => {
+                match &e {
+                    HandshakeError::Workspace(_) | HandshakeError::Version { .. } => error!(
+                        error = %e,
+                        "AGENT HANDSHAKE REFUSED: the surface and the agent are misconfigured; \
+                         no messages are forwarded until this is fixed"
+                    ),
+                    HandshakeError::Connection(c) if c.is_auth() => {
+                        error!(error = %e, "the agent refused AGENT_TOKEN")
+                    }
+                    _ => warn!(error = %e, "agent not reachable, retrying"),
+                }
+                endpoint.health.set_agent(e.health());
+                let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => continue,
+                }
+            }
+        };
+        endpoint.health.set_agent(AgentStatus::Ok);
+        delays = backoff();
+        info!(
+            last_seq = welcome.last_seq,
+            agent = %welcome.agent,
+            agent_version = %welcome.agent_version,
+            "connected to agent"
+        );
+        match journal.ended_turns_after(&chat, welcome.last_seq) {
+            Ok(0) => {}
+            Ok(n) => warn!(
+                count = n,
+                last_seq = welcome.last_seq,
+                "the agent lacks finished turns (state lost?); they are not resent"
+            ),
+            Err(e) => warn!(error = %e, "journal read failed"),
+        }
+        if ev_tx
+            .send(LinkEvent::Connected {
+                last_seq: welcome.last_seq,
+            })
+            .await
+            .is_err()
+        {
+            conn.close().await;
+            return;
+        }
+        let mut sent_upto = welcome.last_seq;
+        let ended = pump(
+            &mut conn,
+            &chat,
+            &journal,
+            &shutdown,
+            &mut out_rx,
+            &ev_tx,
+            &mut queued,
+            &mut sent_upto,
+        )
+        .await;
+        conn.close().await;
+        match ended {
+            PumpEnd::Stop => return,
+            PumpEnd::Reconnect(reason) => {
+                warn!(reason = %reason, "agent connection lost, reconnecting");
+                endpoint
+                    .health
+                    .set_agent(AgentStatus::Unreachable(reason.clone()));
+                if ev_tx.send(LinkEvent::Disconnected).await.is_err() {
+                    return;
+                }
+                let delay = delays.next().unwrap_or(Duration::from_secs(1));
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+enum PumpEnd {
+    Stop,
+    Reconnect(String),
+}
+
+async fn send_stored_turns(
+    conn: &mut Connection,
+    chat: &ChatId,
+    journal: &Journal,
+    sent_upto: &mut u64,
+) -> Result<(), String> {
+    let turns = journal
+        .turns_to_send(chat, *sent_upto)
+        .map_err(|e| e.to_string())?;
+    for msg in turns {
+        let seq = msg.seq;
+        info!(seq, event_id = %msg.id, "sending turn to agent");
+        conn.send(&ToAgent::UserMessage(msg))
+            .await
+            .map_err(|e| e.to_string())?;
+        *sent_upto = seq;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn pump(
+    conn: &mut Connection,
+    chat: &ChatId,
+    journal: &Journal,
+    shutdown: &CancellationToken,
+    out_rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+    ev_tx: &mpsc::Sender<LinkEvent>,
+    queued: &mut VecDeque<ToAgent>,
+    sent_upto: &mut u64,
+) -> PumpEnd {
+    if let Err(e) = send_stored_turns(conn, chat, journal, sent_upto).await {
+        return PumpEnd::Reconnect(e);
+    }
+    while let Some(msg) = queued.front() {
+        if let Err(e) = conn.send(msg).await {
+            return PumpEnd::Reconnect(e.to_string());
+        }
+        queued.pop_front();
+    }
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
+    let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    tokio::pin!(idle);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return PumpEnd::Stop,
+            out = out_rx.recv() => match out {
+                None => return PumpEnd::Stop,
+                Some(Outgoing::TurnsStored) => {
+                    if let Err(e) = send_stored_turns(conn, chat, journal, sent_upto).await {
+                        return PumpEnd::Reconnect(e);
+                    }
+                }
+                Some(Outgoing::Msg(m)) => {
+                    if let Err(e) = conn.send(&m).await {
+                        queued.push_back(*m);
+                        return PumpEnd::Reconnect(e.to_string());
+                    }
+                }
+            },
+            _ = ping.tick() => {
+                if let Err(e) = conn.ping().await {
+                    return PumpEnd::Reconnect(e.to_string());
+                }
+            }
+            _ = &mut idle => return PumpEnd::Reconnect("no frame from the agent for 90 s".into()),
+            incoming = conn.recv() => {
+                idle.as_mut().reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
+                match incoming {
+                    Ok(Some(msg)) => {
+                        if let ToSurface::Ack(a) = &msg
+                            && let Err(e) = journal.mark_acked(chat, a.seq)
+                        {
+                            warn!(error = %e, seq = a.seq, "could not record ack");
+                        }
+                        if let ToSurface::Error(e) = &msg {
+                            warn!(code = ?e.code, message = %e.message, "agent reported an error");
+                        }
+                        if ev_tx.send(LinkEvent::Message(msg)).await.is_err() {
+                            return PumpEnd::Stop;
+                        }
+                    }
+                    Ok(None) => return PumpEnd::Reconnect("agent closed the connection".into()),
+                    Err(e) => return PumpEnd::Reconnect(e.to_string()),
+                }
+            }
+        }
+    }
+}
