@@ -10,3 +10,4 @@ pub mod filename;
 pub mod health;
 pub mod journal;
 pub mod mime;
+pub mod workspace;

@@ -1,0 +1,1151 @@
+//! The surface's view of the shared `/workspace`: every access goes beneath one directory handle.
+//!
+//! Inbound files are written to a hidden temporary name and renamed into place only when
+//! complete ([`InboxTemp`]), so the agent never sees a partial file. Files the agent names are
+//! opened with [`Workspace::open_for_upload`], which confines the lookup to the workspace
+//! (`openat2(RESOLVE_BENEATH)` through `cap-std`), refuses symlinks in every component, and checks
+//! type, link count and size on the opened handle, never on a path that could change under us.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use protocol::{ChatId, Sentinel, WorkspacePath, matrix_id_component, room_dir, surface_root};
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use rustix::fs::{OFlags, RenameFlags};
+
+use crate::filename::sanitize_filename;
+
+/// Prefix of the temporary files downloads are written to. The agent's listings skip
+/// dotfiles, and [`Workspace::open_for_upload`] refuses these names.
+pub const PARTIAL_PREFIX: &str = ".partial-";
+
+/// Folder (inside a room's `outbox/`) that posted files are moved to.
+pub const SENT_DIR: &str = ".sent";
+/// Folder (inside a room's `outbox/`) that files which could not be posted are moved to.
+pub const FAILED_DIR: &str = ".failed";
+
+/// Longest inbox file name: `<16-byte timestamp>-<8 unique>-<name>` fits one 255-byte component.
+const MAX_INBOX_NAME_BYTES: usize = protocol::MAX_COMPONENT_BYTES - 26;
+
+/// How many unique names to try before giving up on an (astonishingly) crowded folder.
+const UNIQUE_ATTEMPTS: usize = 16;
+
+/// Largest sentinel file read back.
+const MAX_SENTINEL_BYTES: u64 = 256;
+
+/// A handle on the workspace root. Cheap to clone; all clones share one directory handle.
+#[derive(Clone)]
+pub struct Workspace {
+    dir: Arc<Dir>,
+    root: PathBuf,
+}
+
+impl fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workspace")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failure of a workspace operation the surface itself started.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// The configured root is missing, not a directory or not accessible.
+    #[error("workspace root {} is not an accessible directory: {source}", path.display())]
+    Root {
+        /// The configured root.
+        path: PathBuf,
+        /// What opening it said.
+        source: io::Error,
+    },
+    /// A filesystem operation failed.
+    #[error("could not {op} `{path}`: {source}")]
+    Io {
+        /// What was being done, e.g. `create folder`.
+        op: &'static str,
+        /// The workspace path involved.
+        path: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// [`Workspace::move_aside`] was given a path that is not a file directly in an outbox.
+    #[error("`{0}` is not a file in an outbox folder")]
+    NotInOutbox(WorkspacePath),
+}
+
+impl WorkspaceError {
+    fn io(op: &'static str, path: impl fmt::Display, source: io::Error) -> Self {
+        Self::Io {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    /// Whether the disk (or the user's quota) is full.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, Self::Io { source, .. } if is_disk_full(source))
+    }
+}
+
+/// Whether `e` means the disk or quota is full.
+pub fn is_disk_full(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull
+        || e.kind() == io::ErrorKind::QuotaExceeded
+        || e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+        || e.raw_os_error() == Some(rustix::io::Errno::DQUOT.raw_os_error())
+}
+
+/// Why a file named by the agent cannot be sent. What reaches the room is
+/// [`FileRefused::user_reason`]; out-of-scope paths are indistinguishable from missing ones.
+#[derive(Debug, thiserror::Error)]
+pub enum FileRefused {
+    /// No such file, or a file the chat may not touch (another chat's, another room's, outside
+    /// the shared folders, a temporary download).
+    #[error("file not found")]
+    NotFound,
+    /// A component of the path, or the file itself, is a symbolic link.
+    #[error("the path goes through a symbolic link")]
+    Symlink,
+    /// A directory, FIFO, socket or device.
+    #[error("not a regular file")]
+    NotRegular,
+    /// The file has other hard links (it could be another chat's file under a new name).
+    #[error("the file has more than one hard link")]
+    HardLinked,
+    /// Larger than the configured limit.
+    #[error("the file is {size} bytes, over the {max} byte limit")]
+    TooLarge {
+        /// Size of the file.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// Permission denied or another I/O error.
+    #[error("could not open the file: {0}")]
+    Io(#[source] io::Error),
+}
+
+impl FileRefused {
+    /// A short reason fit for the room and the agent (no paths, no OS details).
+    pub fn user_reason(&self) -> String {
+        match self {
+            Self::NotFound => "file not found".to_owned(),
+            Self::Symlink => "it is a symbolic link, which I do not follow".to_owned(),
+            Self::NotRegular => "it is not a regular file".to_owned(),
+            Self::HardLinked => "it has more than one hard link".to_owned(),
+            Self::TooLarge { max, .. } => format!(
+                "it is larger than the {} limit",
+                bytesize::ByteSize(*max).display().iec()
+            ),
+            Self::Io(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                "permission denied".to_owned()
+            }
+            Self::Io(_) => "it could not be read".to_owned(),
+        }
+    }
+}
+
+/// The folders one chat may read from.
+///
+/// `chats/<chat_id>/**`, `surfaces/matrix/*/<room component>/{inbox,outbox}/**`, and any
+/// folders the operator shares explicitly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatScope {
+    /// The chat's id.
+    pub chat_id: ChatId,
+    /// The Matrix room the chat lives in.
+    pub room_id: String,
+    /// Extra folders (relative to the workspace) every chat may send files from.
+    pub shared: Vec<WorkspacePath>,
+}
+
+impl ChatScope {
+    /// The scope of `chat_id` in `room_id`, with no shared folders.
+    pub fn new(chat_id: ChatId, room_id: impl Into<String>) -> Self {
+        Self {
+            chat_id,
+            room_id: room_id.into(),
+            shared: Vec::new(),
+        }
+    }
+
+    /// Whether `path` lies in this scope (lexically; the opener still refuses symlinks).
+    pub fn allows(&self, path: &WorkspacePath) -> bool {
+        let parts: Vec<&str> = path.components().collect();
+        // Temporary downloads are never sendable, wherever they are.
+        if parts.iter().any(|p| p.starts_with(PARTIAL_PREFIX)) {
+            return false;
+        }
+        let strictly_below = |prefix: &WorkspacePath| {
+            path.starts_with(prefix) && path.as_str().len() > prefix.as_str().len()
+        };
+        if strictly_below(&protocol::chat_dir(&self.chat_id)) {
+            return true;
+        }
+        if self.shared.iter().any(strictly_below) {
+            return true;
+        }
+        let room = matrix_id_component(&self.room_id);
+        matches!(
+            parts.as_slice(),
+            ["surfaces", "matrix", _user, r, "inbox" | "outbox", _, ..] if *r == room
+        )
+    }
+}
+
+/// A file opened for upload, checked on its handle.
+#[derive(Debug)]
+pub struct OpenedFile {
+    file: std::fs::File,
+    /// Size in bytes at open time.
+    pub size: u64,
+    /// The last component of the path (already a safe name: it exists in the workspace).
+    pub name: String,
+    /// Where it is.
+    pub path: WorkspacePath,
+}
+
+impl OpenedFile {
+    /// An async handle positioned at the start of the file.
+    ///
+    /// Each call gives an independent handle on the same open file (the same inode, even if
+    /// the path is replaced meanwhile), so a retried upload reads the same file again.
+    pub fn reader(&self) -> io::Result<tokio::fs::File> {
+        use std::io::Seek;
+        let mut f = self.file.try_clone()?;
+        f.rewind()?;
+        Ok(tokio::fs::File::from_std(f))
+    }
+
+    /// The async handle, positioned wherever the last reader left it.
+    pub fn into_tokio(self) -> tokio::fs::File {
+        tokio::fs::File::from_std(self.file)
+    }
+}
+
+/// A download in progress: a hidden temporary file in an inbox.
+///
+/// Write to [`InboxTemp::file`], then [`InboxTemp::commit`]. Dropped without commit (an error,
+/// a size limit, a cancelled task), the temporary file is removed.
+pub struct InboxTemp {
+    file: Option<tokio::fs::File>,
+    inbox: Arc<Dir>,
+    inbox_path: WorkspacePath,
+    temp_name: String,
+    name: String,
+    now: SystemTime,
+}
+
+impl fmt::Debug for InboxTemp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InboxTemp")
+            .field("inbox", &self.inbox_path)
+            .field("temp_name", &self.temp_name)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InboxTemp {
+    /// The file to write to.
+    pub fn file(&mut self) -> &mut tokio::fs::File {
+        self.file.as_mut().expect("present until commit or drop")
+    }
+
+    /// The sanitized name the file will get (after the timestamp and unique part).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Flushes and fsyncs the file, then renames it to
+    /// `<UTC YYYYmmddTHHMMSSZ>-<8 unique>-<name>` without ever replacing an existing file.
+    pub async fn commit(mut self) -> Result<WorkspacePath, WorkspaceError> {
+        use tokio::io::AsyncWriteExt;
+        let mut file = self.file.take().expect("present until commit or drop");
+        let temp_path = format!("{}/{}", self.inbox_path, self.temp_name);
+        file.flush()
+            .await
+            .map_err(|e| WorkspaceError::io("write", &temp_path, e))?;
+        file.sync_all()
+            .await
+            .map_err(|e| WorkspaceError::io("sync", &temp_path, e))?;
+        drop(file);
+        let stamp = timestamp(self.now);
+        let inbox = Arc::clone(&self.inbox);
+        let temp_name = self.temp_name.clone();
+        let name = self.name.clone();
+        let final_name = tokio::task::spawn_blocking(move || {
+            let final_name = rename_unique(&inbox, &temp_name, &inbox, |unique| {
+                format!("{stamp}-{unique}-{name}")
+            })?;
+            // Make the rename itself durable.
+            if let Ok(d) = inbox.try_clone() {
+                let _ = d.into_std_file().sync_all();
+            }
+            Ok::<_, io::Error>(final_name)
+        })
+        .await
+        .map_err(|e| WorkspaceError::io("rename", &temp_path, io::Error::other(e)))?
+        .map_err(|e| WorkspaceError::io("rename", &temp_path, e))?;
+        // Committed: nothing left for Drop to remove.
+        self.temp_name.clear();
+        self.inbox_path
+            .join(&final_name)
+            .map_err(|e| WorkspaceError::io("name", &final_name, io::Error::other(e)))
+    }
+}
+
+impl Drop for InboxTemp {
+    fn drop(&mut self) {
+        if !self.temp_name.is_empty() {
+            drop(self.file.take());
+            if let Err(e) = self.inbox.remove_file(&self.temp_name) {
+                tracing::warn!(
+                    inbox = %self.inbox_path,
+                    temp = %self.temp_name,
+                    error = %e,
+                    "could not remove a partial download"
+                );
+            }
+        }
+    }
+}
+
+/// Which outbox subfolder [`Workspace::move_aside`] moves a file to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Posted: moved to `outbox/.sent/`.
+    Sent,
+    /// Could not be posted: moved to `outbox/.failed/`.
+    Failed,
+}
+
+impl Workspace {
+    /// Opens the workspace root, which must be an existing directory.
+    pub fn open(root: &Path) -> Result<Self, WorkspaceError> {
+        let err = |source| WorkspaceError::Root {
+            path: root.to_owned(),
+            source,
+        };
+        let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(err)?;
+        // `open_ambient_dir` succeeds on files on some platforms: make sure.
+        let meta = dir.dir_metadata().map_err(err)?;
+        if !meta.is_dir() {
+            return Err(err(io::Error::from(io::ErrorKind::NotADirectory)));
+        }
+        Ok(Self {
+            dir: Arc::new(dir),
+            root: root.to_owned(),
+        })
+    }
+
+    /// The root as configured (for logs; never used to open anything).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `surfaces/matrix/<user>/<room>/inbox`.
+    pub fn inbox_dir(user_id: &str, room_id: &str) -> WorkspacePath {
+        room_dir(user_id, room_id)
+            .join("inbox")
+            .expect("constant component")
+    }
+
+    /// `surfaces/matrix/<user>/<room>/outbox`: files dropped here are posted to the room.
+    pub fn outbox_dir(user_id: &str, room_id: &str) -> WorkspacePath {
+        room_dir(user_id, room_id)
+            .join("outbox")
+            .expect("constant component")
+    }
+
+    /// Creates a folder (and its parents) beneath the root.
+    pub fn create_dir_all(&self, path: &WorkspacePath) -> Result<(), WorkspaceError> {
+        self.dir
+            .create_dir_all(path.as_path())
+            .map_err(|e| WorkspaceError::io("create folder", path, e))
+    }
+
+    /// Starts a download into `surfaces/matrix/<user>/<room>/inbox/`.
+    ///
+    /// `name` is the name the sender gave (it is sanitized here); `now` becomes the timestamp
+    /// in the final name.
+    pub fn create_inbox_file(
+        &self,
+        user_id: &str,
+        room_id: &str,
+        name: &str,
+        now: SystemTime,
+    ) -> Result<InboxTemp, WorkspaceError> {
+        let inbox_path = Self::inbox_dir(user_id, room_id);
+        self.create_dir_all(&inbox_path)?;
+        let inbox = open_dir_nofollow(&self.dir, &inbox_path)
+            .map_err(|e| WorkspaceError::io("open folder", &inbox_path, e))?;
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true).mode(0o644);
+        let mut last_err = None;
+        for _ in 0..UNIQUE_ATTEMPTS {
+            let temp_name = format!("{PARTIAL_PREFIX}{}", random_alnum(16));
+            match inbox.open_with(&temp_name, &options) {
+                Ok(f) => {
+                    return Ok(InboxTemp {
+                        file: Some(tokio::fs::File::from_std(f.into_std())),
+                        inbox: Arc::new(inbox),
+                        inbox_path,
+                        temp_name,
+                        name: sanitize_filename(name, MAX_INBOX_NAME_BYTES),
+                        now,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+                Err(e) => return Err(WorkspaceError::io("create a file in", &inbox_path, e)),
+            }
+        }
+        Err(WorkspaceError::io(
+            "create a file in",
+            &inbox_path,
+            last_err.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)),
+        ))
+    }
+
+    /// Opens a file the agent named, for upload to `scope`'s room.
+    ///
+    /// Refuses (see [`FileRefused`]) paths outside the scope (as [`FileRefused::NotFound`]),
+    /// symlinks in any component, non-regular files (a FIFO is opened non-blocking, so it cannot
+    /// hang us), files with more than one hard link, and files over `max` bytes. Type, links and
+    /// size are checked on the opened handle.
+    pub fn open_for_upload(
+        &self,
+        path: &WorkspacePath,
+        scope: &ChatScope,
+        max: u64,
+    ) -> Result<OpenedFile, FileRefused> {
+        if !scope.allows(path) {
+            return Err(FileRefused::NotFound);
+        }
+        let file = open_file_nofollow(&self.dir, path).map_err(refusal)?;
+        let meta = file.metadata().map_err(FileRefused::Io)?;
+        check_regular(&meta, max)?;
+        Ok(OpenedFile {
+            file,
+            size: meta.len(),
+            name: path.file_name().to_owned(),
+            path: path.clone(),
+        })
+    }
+
+    /// Writes a fresh sentinel `surfaces/matrix/.sentinel/<nonce>` whose content is the nonce,
+    /// and removes sentinels older than an hour.
+    pub fn write_sentinel(&self) -> Result<Sentinel, WorkspaceError> {
+        let dir = surface_root()
+            .join(".sentinel")
+            .expect("constant component");
+        self.create_dir_all(&dir)?;
+        let nonce = random_alnum(32);
+        let path = dir.join(&nonce).expect("alphanumeric component");
+        self.dir
+            .write(path.as_path(), nonce.as_bytes())
+            .map_err(|e| WorkspaceError::io("write", &path, e))?;
+        if let Ok(entries) = self.dir.read_dir(dir.as_path()) {
+            let cutoff = SystemTime::now() - Duration::from_secs(3600);
+            for entry in entries.flatten() {
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.into_std() < cutoff);
+                if old {
+                    let _ = entry.remove_file();
+                }
+            }
+        }
+        Ok(Sentinel { path, nonce })
+    }
+
+    /// Whether the sentinel the agent wrote is here with the right content.
+    ///
+    /// Only files in a `.sentinel` folder are considered, opened beneath the root without
+    /// following symlinks and read up to 256 bytes.
+    pub fn check_sentinel(&self, sentinel: &Sentinel) -> bool {
+        let in_sentinel_dir = sentinel
+            .path
+            .parent()
+            .is_some_and(|p| p.file_name() == ".sentinel");
+        if !in_sentinel_dir {
+            return false;
+        }
+        let Ok(file) = open_file_nofollow(&self.dir, &sentinel.path) else {
+            return false;
+        };
+        if file.metadata().map(|m| !m.is_file()).unwrap_or(true) {
+            return false;
+        }
+        let mut content = Vec::new();
+        if file
+            .take(MAX_SENTINEL_BYTES)
+            .read_to_end(&mut content)
+            .is_err()
+        {
+            return false;
+        }
+        content == sentinel.nonce.as_bytes()
+    }
+
+    /// Moves a posted (or failed) outbox file to `outbox/.sent/` (or `.failed/`), keeping its
+    /// name unless that is taken. Returns the new path.
+    pub fn move_aside(
+        &self,
+        path: &WorkspacePath,
+        outcome: Outcome,
+    ) -> Result<WorkspacePath, WorkspaceError> {
+        let parent = path
+            .parent()
+            .filter(|p| p.file_name() == "outbox" && p.starts_with(&surface_root()))
+            .ok_or_else(|| WorkspaceError::NotInOutbox(path.clone()))?;
+        let sub = match outcome {
+            Outcome::Sent => SENT_DIR,
+            Outcome::Failed => FAILED_DIR,
+        };
+        let outbox = open_dir_nofollow(&self.dir, &parent)
+            .map_err(|e| WorkspaceError::io("open folder", &parent, e))?;
+        match outbox.create_dir(sub) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(WorkspaceError::io("create folder", &parent, e)),
+        }
+        let target = open_dir_nofollow_name(&outbox, sub)
+            .map_err(|e| WorkspaceError::io("open folder", &parent, e))?;
+        let name = path.file_name();
+        // Room for the `<unique>-` prefix a second file of the same name gets.
+        let short = crate::filename::sanitize_filename(name, protocol::MAX_COMPONENT_BYTES - 9);
+        let mut first = true;
+        let new_name = rename_unique(&outbox, name, &target, |unique| {
+            if std::mem::take(&mut first) && short == name {
+                name.to_owned()
+            } else {
+                format!("{unique}-{short}")
+            }
+        })
+        .map_err(|e| WorkspaceError::io("move", path, e))?;
+        parent
+            .join(&format!("{sub}/{new_name}"))
+            .map_err(|e| WorkspaceError::io("move", path, io::Error::other(e)))
+    }
+
+    /// Removes temporary downloads (`.partial-*`) left in any inbox by a crash. Call at start-up,
+    /// before downloads begin. Returns how many were removed.
+    pub fn remove_partials(&self) -> usize {
+        let mut removed = 0;
+        self.for_each_inbox(|inbox, _| {
+            for entry in inbox.entries().into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                if name.to_string_lossy().starts_with(PARTIAL_PREFIX) && entry.remove_file().is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        });
+        removed
+    }
+
+    /// Calls `f` with every `surfaces/matrix/<user>/<room>/inbox` folder handle and its path.
+    /// Symlinked folders are skipped.
+    pub(crate) fn for_each_inbox(&self, mut f: impl FnMut(&Dir, &WorkspacePath)) {
+        let root = surface_root();
+        let Ok(base) = open_dir_nofollow(&self.dir, &root) else {
+            return;
+        };
+        for user in subdirs(&base) {
+            let Ok(user_dir) = open_dir_nofollow_name(&base, &user) else {
+                continue;
+            };
+            for room in subdirs(&user_dir) {
+                let Ok(inbox) = open_dir_nofollow_name(&user_dir, &room)
+                    .and_then(|r| open_dir_nofollow_name(&r, "inbox"))
+                else {
+                    continue;
+                };
+                if let Ok(path) = root.join(&format!("{user}/{room}/inbox")) {
+                    f(&inbox, &path);
+                }
+            }
+        }
+    }
+}
+
+/// Names of the non-hidden subfolders of `dir` (UTF-8 names only).
+fn subdirs(dir: &Dir) -> Vec<String> {
+    let Ok(entries) = dir.entries() else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.'))
+        .collect()
+}
+
+/// Maps an open error to a refusal: missing and wrong-type components look like missing files.
+fn refusal(e: io::Error) -> FileRefused {
+    use rustix::io::Errno;
+    match e.raw_os_error().map(Errno::from_raw_os_error) {
+        Some(Errno::LOOP) | Some(Errno::MLINK) => FileRefused::Symlink,
+        Some(Errno::NOENT) | Some(Errno::NOTDIR) | Some(Errno::XDEV) | Some(Errno::NAMETOOLONG) => {
+            FileRefused::NotFound
+        }
+        _ if e.kind() == io::ErrorKind::NotFound => FileRefused::NotFound,
+        // cap-std reports an attempted escape as PermissionDenied with a message; no escape
+        // is possible from a validated WorkspacePath, but keep the answer uniform.
+        _ => FileRefused::Io(e),
+    }
+}
+
+/// Refuses anything but a regular file with one link and at most `max` bytes.
+fn check_regular(meta: &std::fs::Metadata, max: u64) -> Result<(), FileRefused> {
+    use std::os::unix::fs::MetadataExt;
+    if !meta.file_type().is_file() {
+        return Err(FileRefused::NotRegular);
+    }
+    if meta.nlink() > 1 {
+        return Err(FileRefused::HardLinked);
+    }
+    if meta.len() > max {
+        return Err(FileRefused::TooLarge {
+            size: meta.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// Options that open a directory component without following a symlink.
+fn dir_options() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true)
+        .custom_flags((OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32);
+    o
+}
+
+fn open_dir_nofollow_name(start: &Dir, name: &str) -> io::Result<Dir> {
+    let f = start.open_with(name, &dir_options())?;
+    Ok(Dir::from_std_file(f.into_std()))
+}
+
+/// Opens the directory `path` beneath `start`, one component at a time, refusing symlinks
+/// anywhere (`ELOOP`/`ENOTDIR`).
+fn open_dir_nofollow(start: &Dir, path: &WorkspacePath) -> io::Result<Dir> {
+    let mut parts = path.components();
+    let first = parts.next().expect("a WorkspacePath has a component");
+    let mut dir = open_dir_nofollow_name(start, first)?;
+    for part in parts {
+        dir = open_dir_nofollow_name(&dir, part)?;
+    }
+    Ok(dir)
+}
+
+/// Opens the file `path` beneath `start` for reading, refusing symlinks in every component and
+/// never blocking (FIFOs, devices).
+fn open_file_nofollow(start: &Dir, path: &WorkspacePath) -> io::Result<std::fs::File> {
+    let name = path.file_name();
+    let parent_dir;
+    let parent = match path.parent() {
+        Some(p) => {
+            parent_dir = open_dir_nofollow(start, &p)?;
+            &parent_dir
+        }
+        None => start,
+    };
+    let mut o = OpenOptions::new();
+    o.read(true).custom_flags(
+        (OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC).bits() as i32,
+    );
+    Ok(parent.open_with(name, &o)?.into_std())
+}
+
+/// Renames `from` (in `from_dir`) to `make(unique)` (in `to_dir`) without replacing anything,
+/// trying fresh unique parts while the target exists. Returns the new name.
+fn rename_unique(
+    from_dir: &Dir,
+    from: &str,
+    to_dir: &Dir,
+    mut make: impl FnMut(&str) -> String,
+) -> io::Result<String> {
+    for _ in 0..UNIQUE_ATTEMPTS {
+        let to = make(&random_alnum(8));
+        match rename_noreplace(from_dir, from, to_dir, &to) {
+            Ok(()) => return Ok(to),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from(io::ErrorKind::AlreadyExists))
+}
+
+/// `renameat2(RENAME_NOREPLACE)` between single components of two opened folders, falling back
+/// to link + unlink on filesystems without it.
+fn rename_noreplace(from_dir: &Dir, from: &str, to_dir: &Dir, to: &str) -> io::Result<()> {
+    match rustix::fs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOSYS) => {
+            from_dir.hard_link(from, to_dir, to)?;
+            from_dir.remove_file(from)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `YYYYmmddTHHMMSSZ` in UTC.
+fn timestamp(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace(['-', ':'], "")
+}
+
+fn random_alnum(n: usize) -> String {
+    rand::rng()
+        .sample_iter(Alphanumeric)
+        .take(n)
+        .map(char::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    const USER: &str = "@alice:example.org";
+    const ROOM: &str = "!room:example.org";
+    const OTHER_ROOM: &str = "!other:example.org";
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        root: PathBuf,
+        ws: Workspace,
+        scope: ChatScope,
+    }
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        let ws = Workspace::open(&root).unwrap();
+        let scope = ChatScope::new(ChatId::for_conversation(ROOM, None), ROOM);
+        Fixture {
+            _tmp: tmp,
+            root,
+            ws,
+            scope,
+        }
+    }
+
+    impl Fixture {
+        fn write(&self, rel: &str, content: &[u8]) -> WorkspacePath {
+            let p = self.root.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, content).unwrap();
+            WorkspacePath::new(rel).unwrap()
+        }
+        fn chat(&self, rest: &str) -> String {
+            format!("chats/{}/{rest}", self.scope.chat_id)
+        }
+        fn inbox(&self, rest: &str) -> String {
+            format!("{}/{rest}", Workspace::inbox_dir(USER, ROOM))
+        }
+        fn open(&self, rel: &str) -> Result<OpenedFile, FileRefused> {
+            self.ws
+                .open_for_upload(&WorkspacePath::new(rel).unwrap(), &self.scope, 1000)
+        }
+        fn names_in(&self, rel: &str) -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(self.root.join(rel))
+                .map(|rd| {
+                    rd.map(|e| e.unwrap().file_name().into_string().unwrap())
+                        .collect()
+                })
+                .unwrap_or_default();
+            v.sort();
+            v
+        }
+    }
+
+    #[test]
+    fn open_requires_a_directory() {
+        let f = fixture();
+        assert!(matches!(
+            Workspace::open(&f.root.join("missing")),
+            Err(WorkspaceError::Root { .. })
+        ));
+        std::fs::write(f.root.join("file"), b"x").unwrap();
+        assert!(Workspace::open(&f.root.join("file")).is_err());
+    }
+
+    #[tokio::test]
+    async fn inbox_file_is_hidden_until_committed() {
+        let f = fixture();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut temp =
+            f.ws.create_inbox_file(USER, ROOM, "../Report .pdf", now)
+                .unwrap();
+        temp.file().write_all(b"hello").await.unwrap();
+        let inbox = Workspace::inbox_dir(USER, ROOM);
+        let during = f.names_in(inbox.as_str());
+        assert_eq!(during.len(), 1);
+        assert!(during[0].starts_with(PARTIAL_PREFIX), "{during:?}");
+        let path = temp.commit().await.unwrap();
+        let name = path.file_name();
+        assert!(name.starts_with("20231114T221320Z-"), "{name}");
+        assert!(name.ends_with("-_Report .pdf"), "{name}");
+        assert_eq!(
+            name.len(),
+            "20231114T221320Z-".len() + 8 + 1 + "_Report .pdf".len()
+        );
+        assert_eq!(f.names_in(inbox.as_str()), vec![name.to_owned()]);
+        assert_eq!(
+            std::fs::read(path.to_path_under(&f.root)).unwrap(),
+            b"hello"
+        );
+        // The committed file is sendable by the room's chat.
+        let opened = f.open(path.as_str()).unwrap();
+        assert_eq!(opened.size, 5);
+    }
+
+    #[tokio::test]
+    async fn dropped_inbox_file_leaves_nothing() {
+        let f = fixture();
+        let mut temp =
+            f.ws.create_inbox_file(USER, ROOM, "x.bin", SystemTime::now())
+                .unwrap();
+        temp.file().write_all(&[0; 4096]).await.unwrap();
+        drop(temp);
+        assert!(
+            f.names_in(Workspace::inbox_dir(USER, ROOM).as_str())
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn commit_never_overwrites() {
+        let f = fixture();
+        let now = SystemTime::now();
+        let mut paths = Vec::new();
+        for i in 0..20u8 {
+            let mut t = f.ws.create_inbox_file(USER, ROOM, "same.txt", now).unwrap();
+            t.file().write_all(&[i]).await.unwrap();
+            paths.push(t.commit().await.unwrap());
+        }
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), 20);
+        assert_eq!(
+            f.names_in(Workspace::inbox_dir(USER, ROOM).as_str()).len(),
+            20
+        );
+    }
+
+    #[test]
+    fn stale_partials_are_removed() {
+        let f = fixture();
+        f.write(&f.inbox(".partial-abc"), b"x");
+        f.write(&f.inbox("keep.txt"), b"x");
+        assert_eq!(f.ws.remove_partials(), 1);
+        assert_eq!(
+            f.names_in(Workspace::inbox_dir(USER, ROOM).as_str()),
+            vec!["keep.txt"]
+        );
+    }
+
+    #[tokio::test]
+    async fn opens_files_in_scope() {
+        let f = fixture();
+        for rel in [
+            f.chat("notes.txt"),
+            f.chat("deep/er/notes.txt"),
+            f.inbox("a.txt"),
+            format!(
+                "{}/out.txt",
+                Workspace::outbox_dir("@bob:example.org", ROOM)
+            ),
+        ] {
+            f.write(&rel, b"content");
+            let opened = f.open(&rel).unwrap_or_else(|e| panic!("{rel}: {e}"));
+            assert_eq!(opened.size, 7);
+            assert_eq!(opened.name, rel.rsplit('/').next().unwrap());
+            let mut s = String::new();
+            opened
+                .reader()
+                .unwrap()
+                .read_to_string(&mut s)
+                .await
+                .unwrap();
+            // A second reader starts from the beginning again.
+            let mut again = String::new();
+            opened
+                .reader()
+                .unwrap()
+                .read_to_string(&mut again)
+                .await
+                .unwrap();
+            assert_eq!((s.as_str(), again.as_str()), ("content", "content"));
+        }
+    }
+
+    #[test]
+    fn refuses_out_of_scope_like_missing() {
+        let f = fixture();
+        let other_chat = ChatId::for_conversation(OTHER_ROOM, None);
+        let cases = [
+            format!("chats/{other_chat}/secret.txt"),
+            format!("{}/secret.txt", Workspace::inbox_dir(USER, OTHER_ROOM)),
+            format!("{}/secret.txt", Workspace::outbox_dir(USER, OTHER_ROOM)),
+            format!("{}/secret.txt", room_dir(USER, ROOM)),
+            format!("{}/.sentinel/x", surface_root()),
+            "secret.txt".to_owned(),
+            format!("chats/{}", f.scope.chat_id),
+            f.inbox(".partial-abcdef"),
+        ];
+        for rel in &cases {
+            f.write(rel, b"secret");
+            assert!(
+                matches!(f.open(rel), Err(FileRefused::NotFound)),
+                "{rel} must look missing"
+            );
+        }
+        assert!(matches!(
+            f.open(&f.chat("missing.txt")),
+            Err(FileRefused::NotFound)
+        ));
+        // Absolute and `..` paths never even become a WorkspacePath.
+        assert!(WorkspacePath::new("/etc/passwd").is_err());
+        assert!(WorkspacePath::new(format!("chats/{}/../x", f.scope.chat_id)).is_err());
+    }
+
+    #[test]
+    fn shared_folders_are_in_scope() {
+        let mut f = fixture();
+        f.write("shared/docs/a.txt", b"x");
+        assert!(matches!(
+            f.open("shared/docs/a.txt"),
+            Err(FileRefused::NotFound)
+        ));
+        f.scope
+            .shared
+            .push(WorkspacePath::new("shared/docs").unwrap());
+        assert!(f.open("shared/docs/a.txt").is_ok());
+        assert!(matches!(
+            f.open("shared/docsx/a.txt"),
+            Err(FileRefused::NotFound)
+        ));
+    }
+
+    #[test]
+    fn refuses_symlink_in_last_component() {
+        let f = fixture();
+        let secret = f.root.parent().unwrap().join("outside.txt");
+        std::fs::write(&secret, b"outside").unwrap();
+        let inside = f.write(&f.chat("real.txt"), b"inside");
+        let link_out = f.root.join(f.chat("out.txt"));
+        symlink(&secret, &link_out).unwrap();
+        let link_in = f.root.join(f.chat("in.txt"));
+        symlink(inside.to_path_under(&f.root), &link_in).unwrap();
+        let other = f.write(
+            &format!("chats/{}/s.txt", ChatId::for_conversation(OTHER_ROOM, None)),
+            b"s",
+        );
+        symlink(
+            format!("../{}", other.as_str().trim_start_matches("chats/")),
+            f.root.join(f.chat("rel.txt")),
+        )
+        .unwrap();
+        for rel in [f.chat("out.txt"), f.chat("in.txt"), f.chat("rel.txt")] {
+            assert!(
+                matches!(f.open(&rel), Err(FileRefused::Symlink)),
+                "{rel}: {:?}",
+                f.open(&rel).map(|o| o.size)
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_symlink_in_middle_component() {
+        let f = fixture();
+        let other = ChatId::for_conversation(OTHER_ROOM, None);
+        f.write(&format!("chats/{other}/secret.txt"), b"secret");
+        std::fs::create_dir_all(f.root.join(f.chat(""))).unwrap();
+        // A folder link to another chat, and one to outside the workspace.
+        symlink(
+            f.root.join(format!("chats/{other}")),
+            f.root.join(f.chat("peek")),
+        )
+        .unwrap();
+        symlink(f.root.parent().unwrap(), f.root.join(f.chat("up"))).unwrap();
+        std::fs::write(f.root.parent().unwrap().join("secret.txt"), b"s").unwrap();
+        for rel in [f.chat("peek/secret.txt"), f.chat("up/secret.txt")] {
+            assert!(
+                matches!(
+                    f.open(&rel),
+                    Err(FileRefused::Symlink | FileRefused::NotFound)
+                ),
+                "{rel}"
+            );
+            assert!(f.open(&rel).is_err());
+        }
+        // The chat folder itself replaced by a link.
+        let scope2 = ChatScope::new(ChatId::new("linked").unwrap(), ROOM);
+        symlink(
+            f.root.join(format!("chats/{other}")),
+            f.root.join("chats/linked"),
+        )
+        .unwrap();
+        assert!(
+            f.ws.open_for_upload(
+                &WorkspacePath::new("chats/linked/secret.txt").unwrap(),
+                &scope2,
+                1000
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn refuses_hard_links_dirs_and_large_files() {
+        let f = fixture();
+        let other = f.write(
+            &format!(
+                "chats/{}/secret.txt",
+                ChatId::for_conversation(OTHER_ROOM, None)
+            ),
+            b"s",
+        );
+        std::fs::create_dir_all(f.root.join(f.chat(""))).unwrap();
+        std::fs::hard_link(other.to_path_under(&f.root), f.root.join(f.chat("hl.txt"))).unwrap();
+        assert!(matches!(
+            f.open(&f.chat("hl.txt")),
+            Err(FileRefused::HardLinked)
+        ));
+        std::fs::create_dir_all(f.root.join(f.chat("dir"))).unwrap();
+        assert!(matches!(
+            f.open(&f.chat("dir")),
+            Err(FileRefused::NotRegular)
+        ));
+        f.write(&f.chat("big.bin"), &[0; 1001]);
+        assert!(matches!(
+            f.open(&f.chat("big.bin")),
+            Err(FileRefused::TooLarge {
+                size: 1001,
+                max: 1000
+            })
+        ));
+        f.write(&f.chat("edge.bin"), &[0; 1000]);
+        assert!(f.open(&f.chat("edge.bin")).is_ok());
+    }
+
+    #[test]
+    fn refuses_fifo_without_hanging() {
+        let f = fixture();
+        std::fs::create_dir_all(f.root.join(f.chat(""))).unwrap();
+        let dir =
+            Dir::open_ambient_dir(f.root.join(f.chat("")), cap_std::ambient_authority()).unwrap();
+        rustix::fs::mknodat(
+            &dir,
+            "pipe",
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(
+            f.open(&f.chat("pipe")),
+            Err(FileRefused::NotRegular)
+        ));
+    }
+
+    #[test]
+    fn sentinels_round_trip() {
+        let f = fixture();
+        let s = f.ws.write_sentinel().unwrap();
+        assert!(s.path.as_str().starts_with("surfaces/matrix/.sentinel/"));
+        assert!(f.ws.check_sentinel(&s));
+        let wrong = Sentinel {
+            nonce: "nope".into(),
+            ..s.clone()
+        };
+        assert!(!f.ws.check_sentinel(&wrong));
+        // Another folder, even with the right content, does not count.
+        let elsewhere = f.write("chats/x/nonce", s.nonce.as_bytes());
+        assert!(!f.ws.check_sentinel(&Sentinel {
+            path: elsewhere,
+            nonce: s.nonce.clone()
+        }));
+        // A sentinel that is a symlink does not count either.
+        let agent = f.write("chats/.sentinel/real", b"n2");
+        symlink(
+            agent.to_path_under(&f.root),
+            f.root.join("chats/.sentinel/link"),
+        )
+        .unwrap();
+        let ok = Sentinel {
+            path: agent,
+            nonce: "n2".into(),
+        };
+        assert!(f.ws.check_sentinel(&ok));
+        let link = Sentinel {
+            path: WorkspacePath::new("chats/.sentinel/link").unwrap(),
+            nonce: "n2".into(),
+        };
+        assert!(!f.ws.check_sentinel(&link));
+        // A different root does not see it.
+        let g = fixture();
+        assert!(!g.ws.check_sentinel(&s));
+    }
+
+    #[test]
+    fn move_aside_keeps_names_unique() {
+        let f = fixture();
+        let outbox = Workspace::outbox_dir(USER, ROOM);
+        let a = f.write(&format!("{outbox}/a.txt"), b"1");
+        let moved = f.ws.move_aside(&a, Outcome::Sent).unwrap();
+        assert_eq!(moved.as_str(), format!("{outbox}/.sent/a.txt"));
+        let a2 = f.write(&format!("{outbox}/a.txt"), b"2");
+        let moved2 = f.ws.move_aside(&a2, Outcome::Sent).unwrap();
+        assert_ne!(moved, moved2);
+        assert!(moved2.file_name().ends_with("-a.txt"), "{moved2}");
+        assert_eq!(std::fs::read(moved.to_path_under(&f.root)).unwrap(), b"1");
+        assert_eq!(std::fs::read(moved2.to_path_under(&f.root)).unwrap(), b"2");
+        let b = f.write(&format!("{outbox}/b.txt"), b"3");
+        let failed = f.ws.move_aside(&b, Outcome::Failed).unwrap();
+        assert_eq!(failed.as_str(), format!("{outbox}/.failed/b.txt"));
+        let not_outbox = f.write(&f.chat("c.txt"), b"x");
+        assert!(matches!(
+            f.ws.move_aside(&not_outbox, Outcome::Sent),
+            Err(WorkspaceError::NotInOutbox(_))
+        ));
+    }
+
+    #[test]
+    fn timestamps_are_compact_utc() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(timestamp(t), "20231114T221320Z");
+    }
+
+    #[test]
+    fn user_reasons() {
+        assert_eq!(FileRefused::NotFound.user_reason(), "file not found");
+        assert_eq!(
+            FileRefused::TooLarge {
+                size: 2,
+                max: 100 * 1024 * 1024
+            }
+            .user_reason(),
+            "it is larger than the 100.0 MiB limit"
+        );
+    }
+}
