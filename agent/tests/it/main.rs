@@ -1,0 +1,8 @@
+//! Integration tests: the real agent on 127.0.0.1:0, driven by a real WebSocket client.
+
+mod confinement;
+mod connection;
+mod openai;
+mod persistence;
+mod support;
+mod turns;

@@ -1,0 +1,41 @@
+//! History survives a restart of the agent.
+
+use protocol::EndStatus;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn history_survives_restart() {
+    let mut agent = TestAgent::start().await;
+    let root = agent.workspace.path().to_owned();
+    let file = write(
+        &root,
+        &format!("{}/20260101T120000Z-abcd1234-doc.txt", inbox(ROOM)),
+        b"doc\n",
+    );
+    {
+        let (mut c, _) = agent.connect(&chat()).await;
+        c.turn(message(1, "$h1", "first")).await;
+        let mut m = message(2, "$h2", "here is a file");
+        m.attachments = vec![file.clone()];
+        c.turn(m).await;
+    }
+    agent.restart().await;
+    let (mut c, welcome) = agent.connect(&chat()).await;
+    assert_eq!(welcome.last_seq, 2);
+    let t = c.turn(message(3, "$h3", "history")).await;
+    assert_eq!(t.end().status, EndStatus::Completed);
+    let text = t.text();
+    assert!(
+        text.contains("2 earlier turn(s) with 1 attachment(s)"),
+        "{text}"
+    );
+    assert!(text.contains(file.as_str()), "{text}");
+
+    // The record on disk is plain JSON with every turn.
+    let record =
+        std::fs::read_to_string(agent.state.path().join(format!("chats/{}.json", chat()))).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(record["turns"].as_array().unwrap().len(), 3);
+    assert_eq!(record["turns"][1]["attachments"][0], file.as_str());
+}
