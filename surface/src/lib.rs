@@ -10,4 +10,6 @@ pub mod filename;
 pub mod health;
 pub mod journal;
 pub mod mime;
+pub mod render;
+pub mod session;
 pub mod workspace;
