@@ -1,5 +1,8 @@
 //! Integration tests: the real agent on 127.0.0.1:0, driven by a real WebSocket client.
 
+// Helpers outside `#[test]` functions fail tests by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 mod confinement;
 mod connection;
 mod openai;
