@@ -6,13 +6,20 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
+    if let Err(e) = serve().await {
+        // One line naming the bad setting; no backtrace noise.
+        eprintln!("agent: {e:#}");
+        std::process::exit(1);
+    }
+}
 
+async fn serve() -> anyhow::Result<()> {
     let config = agent::Config::from_env().context("invalid configuration")?;
     let listener = tokio::net::TcpListener::bind(config.bind)
         .await
@@ -30,7 +37,6 @@ async fn main() -> anyhow::Result<()> {
             shutdown.cancel();
         }
     });
-
     agent::run(listener, config, shutdown).await?;
     Ok(())
 }
