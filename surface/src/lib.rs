@@ -13,3 +13,4 @@ pub mod mime;
 pub mod render;
 pub mod session;
 pub mod workspace;
+pub mod media;

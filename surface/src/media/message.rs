@@ -1,0 +1,297 @@
+//! Turns a workspace file the agent named into a Matrix media message, ready to send.
+
+use std::io;
+
+use matrix_sdk::Client;
+use matrix_sdk::ruma::events::room::ImageInfo;
+use matrix_sdk::ruma::events::room::message::{
+    AudioInfo, AudioMessageEventContent, FileInfo, FileMessageEventContent,
+    ImageMessageEventContent, MessageType, RoomMessageEventContent, VideoInfo,
+    VideoMessageEventContent,
+};
+use matrix_sdk::ruma::{OwnedMxcUri, UInt};
+use protocol::WorkspacePath;
+use tokio::io::AsyncReadExt;
+
+use super::upload::upload_with;
+use super::{MediaApi, UploadCache, UploadError, quoted_name};
+use crate::mime::{self, HEAD_BYTES, Kind};
+use crate::workspace::{ChatScope, FileRefused, OpenedFile, Workspace};
+
+/// A file could not be sent: which one, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("sending `{name}` failed: {failure}")]
+pub struct SendFileError {
+    /// The file name (last component of the requested path).
+    pub name: String,
+    /// What went wrong.
+    #[source]
+    pub failure: SendFileFailure,
+}
+
+/// What went wrong sending a file.
+#[derive(Debug, thiserror::Error)]
+pub enum SendFileFailure {
+    /// Missing, out of the chat's scope (reported as missing), a symlink, not a regular file,
+    /// hard-linked, or over the size limit.
+    #[error(transparent)]
+    Refused(#[from] FileRefused),
+    /// Reading the file's head failed.
+    #[error("could not read the file: {0}")]
+    Read(#[source] io::Error),
+    /// The upload failed.
+    #[error(transparent)]
+    Upload(#[from] UploadError),
+}
+
+impl SendFileError {
+    /// A short reason without the file name, for `delivery_result.error` and the log.
+    pub fn reason(&self) -> String {
+        match &self.failure {
+            SendFileFailure::Refused(r) => r.user_reason(),
+            SendFileFailure::Read(_) => "it could not be read".to_owned(),
+            SendFileFailure::Upload(UploadError::TooLarge) => {
+                "the homeserver refused it as too large".to_owned()
+            }
+            SendFileFailure::Upload(UploadError::Read(_)) => "it could not be read".to_owned(),
+            SendFileFailure::Upload(UploadError::Http(_)) => {
+                "the upload to the homeserver failed".to_owned()
+            }
+        }
+    }
+
+    /// A sentence for the room, e.g. "I could not send `x.txt`: file not found."
+    pub fn user_message(&self) -> String {
+        format!(
+            "I could not send `{}`: {}.",
+            quoted_name(&self.name),
+            self.reason()
+        )
+    }
+
+    /// Whether the file was refused by the workspace rules (as opposed to a transfer failure).
+    pub fn is_refused(&self) -> bool {
+        matches!(self.failure, SendFileFailure::Refused(_))
+    }
+}
+
+/// Opens `path` for `scope` (see [`Workspace::open_for_upload`]), uploads it (deduplicated by
+/// content, see [`super::upload_file`]) and builds the message: `m.image` (with width and
+/// height when the header tells), `m.video`, `m.audio` or `m.file` by sniffed MIME type, with
+/// `filename`, `mimetype` and `size`. With a `caption`, `body` is the caption (Matrix media
+/// caption rules); otherwise `body` is the file name.
+///
+/// The caller adds the thread relation and sends it with a transaction id.
+#[tracing::instrument(skip_all, fields(path = %path, chat_id = %scope.chat_id))]
+pub async fn prepare_file_message(
+    client: &Client,
+    ws: &Workspace,
+    path: &WorkspacePath,
+    scope: &ChatScope,
+    caption: Option<&str>,
+    cache: &UploadCache,
+    limit: u64,
+) -> Result<RoomMessageEventContent, SendFileError> {
+    let fail = |failure| SendFileError {
+        name: path.file_name().to_owned(),
+        failure,
+    };
+    let api = MediaApi::from_client(client).map_err(|e| fail(UploadError::from(e).into()))?;
+    prepare_with(&api, ws, path, scope, caption, cache, limit)
+        .await
+        .map_err(fail)
+}
+
+pub(super) async fn prepare_with(
+    api: &MediaApi,
+    ws: &Workspace,
+    path: &WorkspacePath,
+    scope: &ChatScope,
+    caption: Option<&str>,
+    cache: &UploadCache,
+    limit: u64,
+) -> Result<RoomMessageEventContent, SendFileFailure> {
+    let opened = ws.open_for_upload(path, scope, limit)?;
+    let head = read_head(&opened).await.map_err(SendFileFailure::Read)?;
+    let mime = mime::reconcile(None, &head, &opened.name);
+    let mxc = upload_with(api, &opened, &mime, cache).await?;
+    let dims = mime::image_size(&head);
+    Ok(build_content(
+        &opened.name,
+        caption,
+        mxc,
+        &mime,
+        opened.size,
+        dims,
+    ))
+}
+
+/// Up to [`HEAD_BYTES`] from the start of the file.
+async fn read_head(opened: &OpenedFile) -> io::Result<Vec<u8>> {
+    let reader = opened.reader()?;
+    let mut head = Vec::with_capacity(HEAD_BYTES.min(opened.size as usize));
+    reader
+        .take(HEAD_BYTES as u64)
+        .read_to_end(&mut head)
+        .await?;
+    Ok(head)
+}
+
+/// The message content for an uploaded file (pure, for tests).
+fn build_content(
+    name: &str,
+    caption: Option<&str>,
+    mxc: OwnedMxcUri,
+    mime: &str,
+    size: u64,
+    dims: Option<(u32, u32)>,
+) -> RoomMessageEventContent {
+    let caption = caption
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && *c != name);
+    let body = caption.unwrap_or(name).to_owned();
+    let filename = Some(name.to_owned());
+    let size = UInt::new(size);
+    let mimetype = Some(mime.to_owned());
+    let msgtype = match mime::msgtype_for(mime) {
+        Kind::Image => {
+            let mut info = ImageInfo::new();
+            info.mimetype = mimetype;
+            info.size = size;
+            if let Some((w, h)) = dims {
+                info.width = Some(UInt::from(w));
+                info.height = Some(UInt::from(h));
+            }
+            let mut c = ImageMessageEventContent::plain(body, mxc).info(Box::new(info));
+            c.filename = filename;
+            MessageType::Image(c)
+        }
+        Kind::Video => {
+            let mut info = VideoInfo::new();
+            info.mimetype = mimetype;
+            info.size = size;
+            let mut c = VideoMessageEventContent::plain(body, mxc).info(Box::new(info));
+            c.filename = filename;
+            MessageType::Video(c)
+        }
+        Kind::Audio => {
+            let mut info = AudioInfo::new();
+            info.mimetype = mimetype;
+            info.size = size;
+            let mut c = AudioMessageEventContent::plain(body, mxc).info(Box::new(info));
+            c.filename = filename;
+            MessageType::Audio(c)
+        }
+        Kind::File => {
+            let mut info = FileInfo::new();
+            info.mimetype = mimetype;
+            info.size = size;
+            let mut c = FileMessageEventContent::plain(body, mxc).info(Box::new(info));
+            c.filename = filename;
+            MessageType::File(c)
+        }
+    };
+    RoomMessageEventContent::new(msgtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use matrix_sdk::ruma::owned_mxc_uri;
+    use protocol::ChatId;
+    use serde_json::json;
+
+    use super::*;
+    use crate::media::test_server::TestServer;
+
+    const PNG: &[u8] = &[
+        0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44,
+        0x52, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x02, 0x08, 0x06, 0x00, 0x00, 0x00, 0x9D,
+    ];
+
+    fn json_of(c: &RoomMessageEventContent) -> serde_json::Value {
+        serde_json::to_value(c).unwrap()
+    }
+
+    #[test]
+    fn content_by_kind() {
+        let mxc = owned_mxc_uri!("mxc://example.org/m");
+        let img = build_content("p.png", None, mxc.clone(), "image/png", 30, Some((3, 2)));
+        assert_eq!(
+            json_of(&img),
+            json!({"msgtype": "m.image", "body": "p.png", "filename": "p.png",
+                   "url": "mxc://example.org/m",
+                   "info": {"mimetype": "image/png", "size": 30, "w": 3, "h": 2}})
+        );
+        let file = build_content(
+            "r.pdf",
+            Some("the report"),
+            mxc.clone(),
+            "application/pdf",
+            9,
+            None,
+        );
+        assert_eq!(
+            json_of(&file),
+            json!({"msgtype": "m.file", "body": "the report", "filename": "r.pdf",
+                   "url": "mxc://example.org/m",
+                   "info": {"mimetype": "application/pdf", "size": 9}})
+        );
+        let v = json_of(&build_content(
+            "v.mp4",
+            None,
+            mxc.clone(),
+            "video/mp4",
+            1,
+            None,
+        ));
+        assert_eq!(v["msgtype"], "m.video");
+        let a = json_of(&build_content(
+            "a.ogg",
+            Some(" "),
+            mxc,
+            "audio/ogg",
+            1,
+            None,
+        ));
+        assert_eq!(a["msgtype"], "m.audio");
+        assert_eq!(a["body"], "a.ogg");
+    }
+
+    #[tokio::test]
+    async fn prepares_an_image_and_reports_missing_files() {
+        let server = TestServer::start().await;
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let chat = ChatId::new("c1").unwrap();
+        let scope = ChatScope::new(chat, "!r:example.org");
+        std::fs::create_dir_all(tmp.path().join("chats/c1")).unwrap();
+        std::fs::write(tmp.path().join("chats/c1/pic.bin"), PNG).unwrap();
+        let cache = UploadCache::in_memory();
+        let path = WorkspacePath::new("chats/c1/pic.bin").unwrap();
+        let content = prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000)
+            .await
+            .unwrap();
+        let j = json_of(&content);
+        assert_eq!(j["msgtype"], "m.image");
+        assert_eq!(j["info"]["mimetype"], "image/png");
+        assert_eq!(j["info"]["w"], 3);
+        assert_eq!(server.uploads()[0].bytes, PNG);
+
+        for rel in ["chats/c1/missing.txt", "chats/other/pic.bin"] {
+            let path = WorkspacePath::new(rel).unwrap();
+            let failure = prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000)
+                .await
+                .unwrap_err();
+            let err = SendFileError {
+                name: path.file_name().to_owned(),
+                failure,
+            };
+            assert!(err.is_refused());
+            assert_eq!(
+                err.user_message(),
+                format!("I could not send `{}`: file not found.", path.file_name())
+            );
+        }
+        assert_eq!(server.uploads().len(), 1);
+    }
+}

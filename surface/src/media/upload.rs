@@ -1,0 +1,440 @@
+//! Streaming upload of a workspace file, deduplicated by content hash.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use matrix_sdk::Client;
+use matrix_sdk::reqwest;
+use matrix_sdk::ruma::OwnedMxcUri;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
+use tokio::sync::Mutex;
+
+use super::{
+    HttpError, MAX_ERROR_BODY, MediaApi, READ_CHUNK, RetryClass, next_chunk, send,
+    transfer_timeout, with_retries,
+};
+use crate::workspace::OpenedFile;
+
+/// File name of the cache inside the surface state directory.
+pub const UPLOAD_CACHE_FILE: &str = "upload-cache.json";
+
+/// Entries kept; the oldest are forgotten first (a forgotten file is simply uploaded again).
+const MAX_CACHE_ENTRIES: usize = 10_000;
+
+/// Why an upload failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// The homeserver refused the size (413 `M_TOO_LARGE`).
+    #[error("the homeserver refused the file as too large")]
+    TooLarge,
+    /// The homeserver or network failed (after retries, when retryable).
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// Reading the file failed (or it shrank while being read).
+    #[error("could not read the file: {0}")]
+    Read(#[source] io::Error),
+}
+
+impl UploadError {
+    /// Whether trying again later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Http(e) if e.is_retryable())
+    }
+}
+
+impl RetryClass for UploadError {
+    fn is_retryable(&self) -> bool {
+        UploadError::is_retryable(self)
+    }
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Http(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CacheEntry {
+    mxc: OwnedMxcUri,
+    size: u64,
+    /// Unix seconds of the upload, for eviction.
+    at: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CacheFile {
+    version: u32,
+    /// SHA-256 (hex) of the content → where it was uploaded.
+    entries: BTreeMap<String, CacheEntry>,
+}
+
+/// Content hash → `mxc://` URI of what this account already uploaded, persisted as JSON in the
+/// surface state directory and rewritten atomically (temp file, fsync, rename) on each change.
+///
+/// The same bytes are uploaded once; changed bytes have a new hash and are uploaded again.
+#[derive(Debug)]
+pub struct UploadCache {
+    path: Option<PathBuf>,
+    file: Mutex<CacheFile>,
+}
+
+impl UploadCache {
+    /// Loads (or starts) the cache at `<state_dir>/upload-cache.json`. An unreadable or corrupt
+    /// file is logged and replaced: the cache only saves bandwidth.
+    pub fn open(state_dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(state_dir)?;
+        let path = state_dir.join(UPLOAD_CACHE_FILE);
+        let file = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e, "upload cache is corrupt; starting a new one");
+                CacheFile::default()
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => CacheFile::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            path: Some(path),
+            file: Mutex::new(file),
+        })
+    }
+
+    /// A cache that is not persisted (tests, or a surface without a state directory).
+    pub fn in_memory() -> Self {
+        Self {
+            path: None,
+            file: Mutex::new(CacheFile::default()),
+        }
+    }
+
+    /// Where content with this hash and size was uploaded, if it was.
+    pub async fn get(&self, sha256: &str, size: u64) -> Option<OwnedMxcUri> {
+        let file = self.file.lock().await;
+        file.entries
+            .get(sha256)
+            .filter(|e| e.size == size)
+            .map(|e| e.mxc.clone())
+    }
+
+    /// Records an upload and persists the cache.
+    pub async fn insert(&self, sha256: &str, size: u64, mxc: OwnedMxcUri) -> io::Result<()> {
+        let mut file = self.file.lock().await;
+        let at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        file.version = 1;
+        file.entries
+            .insert(sha256.to_owned(), CacheEntry { mxc, size, at });
+        while file.entries.len() > MAX_CACHE_ENTRIES {
+            let oldest = file
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.at)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => file.entries.remove(&k),
+                None => break,
+            };
+        }
+        let Some(path) = self.path.clone() else {
+            return Ok(());
+        };
+        let json = serde_json::to_vec_pretty(&*file).map_err(io::Error::other)?;
+        // Written under the lock so concurrent inserts land in order.
+        tokio::task::spawn_blocking(move || write_atomically(&path, &json))
+            .await
+            .map_err(io::Error::other)?
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder, fsynced, then renamed.
+fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Uploads an opened workspace file, unless the same bytes were uploaded before.
+///
+/// The file is hashed first (streaming SHA-256) and looked up in `cache`; on a miss it is
+/// streamed from disk to `POST /_matrix/media/v3/upload?filename=..` with `Content-Type` and
+/// `Content-Length`, and the returned `content_uri` is cached. 429/5xx/network failures are
+/// retried a few times, re-reading the same open file each time. Memory use does not depend on
+/// the file size.
+#[tracing::instrument(skip_all, fields(path = %opened.path, size = opened.size))]
+pub async fn upload_file(
+    client: &Client,
+    opened: &OpenedFile,
+    mime: &str,
+    cache: &UploadCache,
+) -> Result<OwnedMxcUri, UploadError> {
+    let api = MediaApi::from_client(client)?;
+    upload_with(&api, opened, mime, cache).await
+}
+
+pub(super) async fn upload_with(
+    api: &MediaApi,
+    opened: &OpenedFile,
+    mime: &str,
+    cache: &UploadCache,
+) -> Result<OwnedMxcUri, UploadError> {
+    let (sha, len) = hash_file(opened).await.map_err(UploadError::Read)?;
+    if let Some(mxc) = cache.get(&sha, len).await {
+        tracing::debug!(%mxc, "same content uploaded before; reusing it");
+        return Ok(mxc);
+    }
+    let mut url = api.url(&["_matrix", "media", "v3", "upload"])?;
+    url.query_pairs_mut().append_pair("filename", &opened.name);
+    let (mxc, sent_sha) =
+        with_retries("upload", || attempt(api, opened, mime, len, url.clone())).await?;
+    if sent_sha != sha {
+        // The file changed between hashing and sending: cache what the server really has.
+        tracing::warn!("file changed while uploading; caching the uploaded content's hash");
+    }
+    if let Err(e) = cache.insert(&sent_sha, len, mxc.clone()).await {
+        tracing::warn!(error = %e, "could not persist the upload cache");
+    }
+    tracing::info!(%mxc, "file uploaded");
+    Ok(mxc)
+}
+
+/// SHA-256 (hex) and length of the whole file, read in chunks.
+async fn hash_file(opened: &OpenedFile) -> io::Result<(String, u64)> {
+    let mut reader = opened.reader()?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut len = 0u64;
+    loop {
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        len += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), len))
+}
+
+#[derive(Deserialize)]
+struct UploadResponse {
+    content_uri: String,
+}
+
+/// One try: stream exactly `len` bytes from the start of the file. Returns the URI and the
+/// SHA-256 of what was actually sent.
+async fn attempt(
+    api: &MediaApi,
+    opened: &OpenedFile,
+    mime: &str,
+    len: u64,
+    url: url::Url,
+) -> Result<(OwnedMxcUri, String), UploadError> {
+    let reader = opened.reader().map_err(UploadError::Read)?;
+    let hasher = Arc::new(StdMutex::new(Sha256::new()));
+    let stream = file_stream(reader, len, Arc::clone(&hasher));
+    let timeout = transfer_timeout(len);
+    let req = api
+        .post(url, timeout)
+        .header(reqwest::header::CONTENT_TYPE, mime)
+        .header(reqwest::header::CONTENT_LENGTH, len)
+        .body(reqwest::Body::wrap_stream(stream));
+    let mut resp = send(req, timeout).await.map_err(|e| match e {
+        HttpError::Status { status: 413, .. } => UploadError::TooLarge,
+        e => UploadError::Http(e),
+    })?;
+    let mut body = Vec::new();
+    while let Some(chunk) = next_chunk(&mut resp).await? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_ERROR_BODY {
+            return Err(HttpError::InvalidResponse("upload answer too long".into()).into());
+        }
+    }
+    let parsed: UploadResponse = serde_json::from_slice(&body)
+        .map_err(|e| HttpError::InvalidResponse(format!("upload answer: {e}")))?;
+    let mxc = OwnedMxcUri::from(parsed.content_uri);
+    mxc.validate()
+        .map_err(|e| HttpError::InvalidResponse(format!("content_uri: {e}")))?;
+    let sent = hasher
+        .lock()
+        .map(|h| hex::encode(h.clone().finalize()))
+        .map_err(|_| UploadError::Read(io::Error::other("hasher poisoned")))?;
+    Ok((mxc, sent))
+}
+
+/// Exactly `len` bytes of `reader` as a stream of chunks, hashed on the way. A file that
+/// shrank fails the stream (and so the request) instead of sending a short body.
+fn file_stream(
+    reader: tokio::fs::File,
+    len: u64,
+    hasher: Arc<StdMutex<Sha256>>,
+) -> impl futures_util::Stream<Item = io::Result<Bytes>> + Send + 'static {
+    futures_util::stream::try_unfold((reader, len), move |(mut reader, remaining)| {
+        let hasher = Arc::clone(&hasher);
+        async move {
+            if remaining == 0 {
+                return Ok(None);
+            }
+            let want = usize::try_from(remaining).map_or(READ_CHUNK, |r| r.min(READ_CHUNK));
+            let mut buf = vec![0u8; want];
+            let n = reader.read(&mut buf).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file shrank while being uploaded",
+                ));
+            }
+            buf.truncate(n);
+            if let Ok(mut h) = hasher.lock() {
+                h.update(&buf);
+            }
+            Ok(Some((Bytes::from(buf), (reader, remaining - n as u64))))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use matrix_sdk::ruma::owned_mxc_uri;
+    use protocol::{ChatId, WorkspacePath};
+
+    use super::*;
+    use crate::media::test_server::{Reply, TestServer};
+    use crate::workspace::{ChatScope, Workspace};
+
+    struct Files {
+        _tmp: tempfile::TempDir,
+        root: PathBuf,
+        ws: Workspace,
+        scope: ChatScope,
+    }
+
+    impl Files {
+        fn new() -> Self {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().to_owned();
+            let ws = Workspace::open(&root).unwrap();
+            let scope = ChatScope::new(ChatId::new("c1").unwrap(), "!r:example.org");
+            Self {
+                _tmp: tmp,
+                root,
+                ws,
+                scope,
+            }
+        }
+        fn put(&self, name: &str, content: &[u8]) -> OpenedFile {
+            let rel = format!("chats/c1/{name}");
+            let p = self.root.join(&rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, content).unwrap();
+            self.ws
+                .open_for_upload(&WorkspacePath::new(rel).unwrap(), &self.scope, u64::MAX)
+                .unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn uploads_once_per_content() {
+        let server = TestServer::start().await;
+        let files = Files::new();
+        let cache = UploadCache::in_memory();
+        let a = files.put("a.txt", b"same bytes");
+        let mxc1 = upload_with(&server.api(), &a, "text/plain", &cache)
+            .await
+            .unwrap();
+        // Same bytes under another name: no second upload.
+        let b = files.put("b.txt", b"same bytes");
+        let mxc2 = upload_with(&server.api(), &b, "text/plain", &cache)
+            .await
+            .unwrap();
+        assert_eq!(mxc1, mxc2);
+        assert_eq!(server.uploads().len(), 1);
+        let up = &server.uploads()[0];
+        assert_eq!(up.bytes, b"same bytes");
+        assert_eq!(up.content_type.as_deref(), Some("text/plain"));
+        assert_eq!(up.content_length.as_deref(), Some("10"));
+        assert_eq!(up.filename.as_deref(), Some("a.txt"));
+        // Changed bytes: uploaded again.
+        let a2 = files.put("a.txt", b"other bytes");
+        let mxc3 = upload_with(&server.api(), &a2, "text/plain", &cache)
+            .await
+            .unwrap();
+        assert_ne!(mxc1, mxc3);
+        assert_eq!(server.uploads().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn retries_and_reads_the_file_again() {
+        let server = TestServer::start().await;
+        server.fail_uploads_first(vec![Reply::Status(503), Reply::RateLimited(5)]);
+        let files = Files::new();
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let f = files.put("big.bin", &big);
+        let mxc = upload_with(
+            &server.api(),
+            &f,
+            "application/octet-stream",
+            &UploadCache::in_memory(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(server.uploads().len(), 1);
+        assert_eq!(server.uploads()[0].bytes, big);
+        assert!(mxc.is_valid());
+    }
+
+    #[tokio::test]
+    async fn too_large_is_final() {
+        let server = TestServer::start().await;
+        server.fail_uploads_first(vec![Reply::Status(413), Reply::Status(413)]);
+        let files = Files::new();
+        let f = files.put("x.bin", b"x");
+        let err = upload_with(
+            &server.api(),
+            &f,
+            "application/octet-stream",
+            &UploadCache::in_memory(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, UploadError::TooLarge), "{err}");
+        assert!(server.uploads().is_empty());
+    }
+
+    #[tokio::test]
+    async fn cache_persists_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = UploadCache::open(dir.path()).unwrap();
+        cache
+            .insert("abc", 3, owned_mxc_uri!("mxc://example.org/one"))
+            .await
+            .unwrap();
+        let again = UploadCache::open(dir.path()).unwrap();
+        assert_eq!(
+            again.get("abc", 3).await,
+            Some(owned_mxc_uri!("mxc://example.org/one"))
+        );
+        assert_eq!(again.get("abc", 4).await, None);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![UPLOAD_CACHE_FILE]);
+        // A corrupt file is replaced, not fatal.
+        std::fs::write(dir.path().join(UPLOAD_CACHE_FILE), b"{not json").unwrap();
+        let fresh = UploadCache::open(dir.path()).unwrap();
+        assert_eq!(fresh.get("abc", 3).await, None);
+    }
+}
