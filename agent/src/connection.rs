@@ -133,7 +133,7 @@ impl Connection {
         let writer = tokio::spawn(write_loop(
             sink,
             rx,
-            keepalive.ping_interval,
+            keepalive,
             cancel.clone(),
             close_reason,
         ));
@@ -243,39 +243,55 @@ pub struct Elapsed;
 async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
     mut rx: mpsc::Receiver<Out>,
-    ping_interval: Duration,
+    keepalive: Keepalive,
     cancel: CancellationToken,
     close_reason: impl Fn() -> CloseReason,
 ) {
-    let mut ping = tokio::time::interval_at(Instant::now() + ping_interval, ping_interval);
+    // However the writer ends, the whole connection ends with it.
+    let _end_connection = cancel.clone().drop_guard();
+    // A peer that stops reading must not hold the connection (and its senders) forever.
+    let stall = keepalive.idle_timeout;
+    let mut ping = tokio::time::interval_at(
+        Instant::now() + keepalive.ping_interval,
+        keepalive.ping_interval,
+    );
     let reason = loop {
-        tokio::select! {
+        let frame = tokio::select! {
             biased;
             out = rx.recv() => match out {
-                Some(Out::Frame(text)) => {
-                    if sink.send(Message::Text(text.into())).await.is_err() {
-                        return;
-                    }
-                }
+                Some(Out::Frame(text)) => Message::Text(text.into()),
                 Some(Out::Close(reason)) => break reason,
                 None => break CloseReason::Normal,
             },
-            _ = ping.tick() => {
-                if sink.send(Message::Ping(Default::default())).await.is_err() {
-                    return;
-                }
-            }
+            _ = ping.tick() => Message::Ping(Default::default()),
             _ = cancel.cancelled() => {
                 // Flush what is already queued (e.g. an `end`) before closing.
                 while let Ok(Out::Frame(text)) = rx.try_recv() {
-                    if sink.send(Message::Text(text.into())).await.is_err() {
+                    if !matches!(
+                        tokio::time::timeout(stall, sink.send(Message::Text(text.into()))).await,
+                        Ok(Ok(()))
+                    ) {
                         return;
                     }
                 }
                 break close_reason();
             }
+        };
+        match tokio::time::timeout(stall, sink.send(frame)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(error = %e, "websocket write failed");
+                return;
+            }
+            Err(_) => {
+                warn!("peer stopped reading; dropping the connection");
+                return;
+            }
         }
     };
-    let _ = sink.send(Message::Close(Some(reason.frame()))).await;
-    let _ = sink.close().await;
+    let _ = tokio::time::timeout(stall, async {
+        let _ = sink.send(Message::Close(Some(reason.frame()))).await;
+        let _ = sink.close().await;
+    })
+    .await;
 }

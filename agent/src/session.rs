@@ -121,30 +121,25 @@ impl Chat {
         self.record.lock().await.last_seq
     }
 
-    /// Stores a user message durably unless it is a duplicate.
+    /// Stores a user message durably unless it is a duplicate. Check and store happen under
+    /// one lock, so two connections racing with the same message cannot both store it.
     pub async fn admit(&self, msg: &UserMessage) -> Result<Admission, StoreError> {
-        {
-            let record = self.record.lock().await;
-            if record.turn(&msg.id).is_some() || msg.seq <= record.last_seq {
-                return Ok(Admission::Duplicate);
-            }
-            if msg.seq != record.last_seq + 1 {
-                warn!(
-                    seq = msg.seq,
-                    last_seq = record.last_seq,
-                    "gap in sequence numbers"
-                );
-            }
+        let mut record = self.record.lock().await;
+        if record.turn(&msg.id).is_some() || msg.seq <= record.last_seq {
+            return Ok(Admission::Duplicate);
         }
-        self.update(|r| {
-            r.last_seq = msg.seq;
-            r.room_id.get_or_insert_with(|| msg.room_id.clone());
-            if r.thread_root.is_none() {
-                r.thread_root = msg.thread_root.clone();
-            }
-            r.turns.push(TurnRecord::from_message(msg));
-        })
-        .await?;
+        if msg.seq != record.last_seq + 1 {
+            warn!(seq = msg.seq, last_seq = record.last_seq, "gap in sequence numbers");
+        }
+        let mut next = record.clone();
+        next.last_seq = msg.seq;
+        next.room_id.get_or_insert_with(|| msg.room_id.clone());
+        if next.thread_root.is_none() {
+            next.thread_root = msg.thread_root.clone();
+        }
+        next.turns.push(TurnRecord::from_message(msg));
+        self.store.save(&next).await?;
+        *record = next;
         Ok(Admission::New)
     }
 
