@@ -129,7 +129,11 @@ impl Chat {
             return Ok(Admission::Duplicate);
         }
         if msg.seq != record.last_seq + 1 {
-            warn!(seq = msg.seq, last_seq = record.last_seq, "gap in sequence numbers");
+            warn!(
+                seq = msg.seq,
+                last_seq = record.last_seq,
+                "gap in sequence numbers"
+            );
         }
         let mut next = record.clone();
         next.last_seq = msg.seq;

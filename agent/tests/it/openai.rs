@@ -1,5 +1,6 @@
 //! The OpenAI-compatible brain against a tiny fake SSE server on 127.0.0.1:0.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use agent::config::{BrainConfig, OpenAiConfig, Secret};
@@ -8,7 +9,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use protocol::{EndStatus, ToSurface};
+use protocol::{ApprovalDecision, Decision, EndStatus, ToSurface};
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -16,15 +17,37 @@ use crate::support::*;
 /// Each request the fake server got: its `Authorization` header and JSON body.
 type Requests = Arc<Mutex<Vec<(Option<String>, Value)>>>;
 
+/// A fake chat-completions server answering each request with the next scripted stream.
 #[derive(Clone, Default)]
 struct Fake {
     requests: Requests,
+    script: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Fake {
+    /// Starts the server; returns its base URL (ending in `/v1`).
+    async fn start(&self, script: Vec<String>) -> String {
+        *self.script.lock().unwrap() = script.into();
+        let router = axum::Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        base
+    }
 }
 
 fn sse(chunks: &[Value]) -> String {
     let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
     body.push_str("data: [DONE]\n\n");
     body
+}
+
+fn tool_call(index: usize, id: &str, name: &str, arguments: &str) -> Value {
+    json!({"choices":[{"delta":{"tool_calls":[
+        {"index":index,"id":id,"type":"function","function":{"name":name,"arguments":arguments}}
+    ]}}]})
 }
 
 async fn completions(
@@ -36,44 +59,46 @@ async fn completions(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let round = {
-        let mut r = fake.requests.lock().unwrap();
-        r.push((auth, body.clone()));
-        r.len()
-    };
-    let body = if round == 1 {
-        // First answer: some text, then a tool call split over two chunks.
-        sse(&[
-            json!({"choices":[{"delta":{"content":"Let me write "}}]}),
-            json!({"choices":[{"delta":{"content":"that."}}]}),
-            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write_file","arguments":"{\"path\":\"chats/"}}]}}]}),
-            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments": format!("{}/out.txt\",\"content\":\"from the model\"}}", chat())}}]}}]}),
-            json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}),
-        ])
-    } else {
-        sse(&[json!({"choices":[{"delta":{"content":" Done."},"finish_reason":"stop"}]})])
-    };
+    fake.requests.lock().unwrap().push((auth, body));
+    let next = fake.script.lock().unwrap().pop_front();
+    let body =
+        next.unwrap_or_else(|| sse(&[json!({"choices":[{"delta":{"content":"(script over)"}}]})]));
     ([("content-type", "text/event-stream")], body)
 }
 
-#[tokio::test]
-async fn streams_text_and_runs_tool_calls() {
-    let fake = Fake::default();
-    let router = axum::Router::new()
-        .route("/v1/chat/completions", post(completions))
-        .with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-
-    let agent = TestAgent::start_with(|c| {
+async fn agent_with(base: String) -> TestAgent {
+    TestAgent::start_with(|c| {
         c.brain = BrainConfig::OpenAi(OpenAiConfig {
             base_url: base,
             model: "fake-model".into(),
             api_key: Some(Secret::new("sk-test")),
         });
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn streams_text_and_runs_tool_calls() {
+    let fake = Fake::default();
+    let args = format!(
+        r#"{{"path":"chats/{}/out.txt","content":"from the model"}}"#,
+        chat()
+    );
+    let (first_half, second_half) = args.split_at(10);
+    let base = fake
+        .start(vec![
+            // Some text, then a tool call whose arguments arrive in two pieces.
+            sse(&[
+                json!({"choices":[{"delta":{"content":"Let me write "}}]}),
+                json!({"choices":[{"delta":{"content":"that."}}]}),
+                tool_call(0, "call_1", "write_file", first_half),
+                json!({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":second_half}}]}}]}),
+                json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}),
+            ]),
+            sse(&[json!({"choices":[{"delta":{"content":" Done."},"finish_reason":"stop"}]})]),
+        ])
+        .await;
+    let agent = agent_with(base).await;
     let (mut c, _) = agent.connect(&chat()).await;
     let t = c.turn(message(1, "$o1", "please write a file")).await;
     assert_eq!(t.end().status, EndStatus::Completed);
@@ -94,12 +119,12 @@ async fn streams_text_and_runs_tool_calls() {
     assert_eq!(first["model"], "fake-model");
     assert_eq!(first["stream"], true);
     let tools = first["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), agent::tools::TOOL_NAMES.len());
     let write = tools
         .iter()
         .find(|t| t["function"]["name"] == "write_file")
         .unwrap();
     assert_eq!(write["function"]["parameters"]["type"], "object");
-    assert_eq!(tools.len(), agent::tools::TOOL_NAMES.len());
     // The second request carries the tool result back to the model.
     let (_, second) = &requests[1];
     let last = second["messages"]
@@ -110,4 +135,72 @@ async fn streams_text_and_runs_tool_calls() {
         .clone();
     assert_eq!(last["role"], "tool");
     assert_eq!(last["tool_call_id"], "call_1");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("wrote 14 bytes")
+    );
+}
+
+#[tokio::test]
+async fn repeated_approvals_in_one_turn_are_coalesced() {
+    let fake = Fake::default();
+    let args = r#"{"action":"reboot"}"#;
+    let base = fake
+        .start(vec![
+            sse(&[
+                tool_call(0, "c1", "dangerous_action", args),
+                tool_call(1, "c2", "dangerous_action", args),
+            ]),
+            sse(&[json!({"choices":[{"delta":{"content":"Both done."}}]})]),
+        ])
+        .await;
+    let agent = agent_with(base).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    c.submit(message(1, "$o1", "reboot twice")).await;
+    let asked = c
+        .until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+        .await;
+    let Some(ToSurface::ApprovalRequest(r)) = asked.messages.last() else {
+        unreachable!()
+    };
+    assert_eq!(
+        (r.tool.as_str(), r.resource.as_str()),
+        ("dangerous_action", "reboot")
+    );
+    c.send(ApprovalDecision {
+        request_id: r.request_id.clone(),
+        decision: Decision::AllowOnce,
+        by: USER.into(),
+    })
+    .await;
+    let t = c.until_end("$o1").await;
+    assert!(
+        !t.messages
+            .iter()
+            .any(|m| matches!(m, ToSurface::ApprovalRequest(_))),
+        "asked twice: {t:?}"
+    );
+    let ok_results = t
+        .messages
+        .iter()
+        .filter(|m| matches!(m, ToSurface::ToolResult(r) if r.ok))
+        .count();
+    assert_eq!(ok_results, 2);
+    assert!(t.text().ends_with("Both done."));
+}
+
+#[tokio::test]
+async fn a_failing_model_fails_the_turn_cleanly() {
+    // Nothing listens on this port: the request fails and the turn ends as failed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let agent = agent_with(base).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let t = c.turn(message(1, "$o1", "hi")).await;
+    assert_eq!(t.end().status, EndStatus::Failed);
+    let error = t.end().error.clone().unwrap();
+    assert!(!error.contains("sk-test"));
 }
