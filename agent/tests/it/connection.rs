@@ -96,6 +96,24 @@ async fn handshake_refuses_wrong_version_and_non_hello() {
 }
 
 #[tokio::test]
+async fn handshake_must_come_in_time() {
+    let agent = TestAgent::start_with(|c| {
+        c.limits.handshake_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let mut c = agent.connect_raw(&chat()).await;
+    // Say nothing: the agent gives up on its own.
+    match c.expect().await {
+        ToSurface::Error(e) => {
+            assert_eq!(e.code, ErrorCode::BadHandshake);
+            assert!(e.message.contains("no hello"), "{}", e.message);
+        }
+        other => panic!("expected error, got {other:?}"),
+    }
+    assert!(c.recv().await.is_none());
+}
+
+#[tokio::test]
 async fn oversized_frame_closes_the_connection() {
     let agent = TestAgent::start().await;
     let (mut c, _) = agent.connect(&chat()).await;
