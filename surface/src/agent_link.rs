@@ -81,7 +81,8 @@ pub enum HandshakeError {
 }
 
 impl HandshakeError {
-    fn health(&self) -> AgentStatus {
+    /// The health status this failure implies.
+    pub fn health(&self) -> AgentStatus {
         match self {
             Self::Version { .. } => AgentStatus::ProtocolMismatch(self.to_string()),
             Self::Workspace(_) => AgentStatus::WorkspaceMismatch(self.to_string()),

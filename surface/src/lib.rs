@@ -5,12 +5,171 @@
 pub mod agent_link;
 pub mod config;
 pub mod connection;
+pub mod context;
 pub mod decide;
 pub mod filename;
 pub mod health;
 pub mod journal;
+pub mod lanes;
+pub mod media;
 pub mod mime;
 pub mod render;
 pub mod session;
+pub mod sync;
 pub mod workspace;
-pub mod media;
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use protocol::ChatId;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{error, info, warn};
+
+use crate::agent_link::{AgentEndpoint, HandshakeError};
+use crate::config::Config;
+use crate::context::{Ctx, Shared, WorkspaceSentinels};
+use crate::health::{AgentStatus, Health};
+use crate::journal::Journal;
+use crate::media::UploadCache;
+use crate::workspace::Workspace;
+
+/// How long shutdown waits for running tasks to finish their current step.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the surface until `shutdown` is cancelled (or the sync loop fails for good).
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    info!(config = ?config, "starting surface");
+    let workspace = Workspace::open(&config.workspace_root)
+        .with_context(|| "WORKSPACE_ROOT is not usable".to_owned())?;
+    let partials = workspace.remove_partials();
+    if partials > 0 {
+        info!(
+            count = partials,
+            "removed partial downloads left by an earlier run"
+        );
+    }
+    std::fs::create_dir_all(&config.state_dir).with_context(|| {
+        format!(
+            "SURFACE_STATE_DIR {} cannot be created",
+            config.state_dir.display()
+        )
+    })?;
+    let journal = Arc::new(
+        Journal::open(&config.state_dir.join("journal.sqlite")).context("opening the journal")?,
+    );
+    let upload_cache = UploadCache::open(&config.state_dir).context("opening the upload cache")?;
+    let health = Arc::new(Health::default());
+    let tracker = TaskTracker::new();
+    let listener = health::bind(config.health_bind)
+        .await
+        .with_context(|| format!("SURFACE_HEALTH_BIND {} cannot be bound", config.health_bind))?;
+    tracker.spawn({
+        let health = health.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            if let Err(e) = health::serve(listener, health, shutdown).await {
+                error!(error = %e, "health endpoint failed");
+            }
+        }
+    });
+
+    let client = session::login(&config).await?;
+    info!(
+        user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
+        device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
+        "logged in"
+    );
+    let display_name = client.account().get_display_name().await.ok().flatten();
+
+    let endpoint = AgentEndpoint {
+        url: config.agent_url.clone(),
+        token: config.agent_token.clone(),
+        proof: Arc::new(WorkspaceSentinels(workspace.clone())),
+        health: health.clone(),
+    };
+    let started_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    let ctx: Ctx = Arc::new(Shared {
+        config,
+        client,
+        journal,
+        health,
+        workspace,
+        endpoint,
+        upload_cache,
+        lanes: Default::default(),
+        waits: Default::default(),
+        joining: Default::default(),
+        shutdown: shutdown.clone(),
+        tracker: tracker.clone(),
+        bot_display_name: RwLock::new(display_name),
+        started_ms,
+    });
+
+    tracker.spawn(probe_agent(ctx.clone()));
+    for chat in ctx.journal.chats_with_work()? {
+        ctx.lanes.poke(&ctx, chat);
+    }
+    sync::register_handlers(&ctx);
+    sync::catch_up_all(&ctx).await;
+    let result = sync::run(ctx.clone()).await;
+    if let Err(e) = &result {
+        error!(error = %e, "sync stopped");
+    }
+
+    info!("shutting down");
+    shutdown.cancel();
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!("some tasks did not finish in time; they resume after restart");
+    }
+    result.context("matrix sync failed")
+}
+
+/// Checks the agent handshake (version and shared workspace) once at start-up, so `/healthz`
+/// reports a mismatch before the first message arrives. Retries until it gets an answer.
+async fn probe_agent(ctx: Ctx) {
+    let Ok(chat) = ChatId::new("surface-probe") else {
+        return;
+    };
+    let mut delays = ExponentialBuilder::default()
+        .with_jitter()
+        .with_max_delay(Duration::from_secs(10))
+        .without_max_times()
+        .build();
+    loop {
+        let outcome = tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            r = agent_link::handshake(&ctx.endpoint, &chat) => r,
+        };
+        match outcome {
+            Ok((conn, welcome)) => {
+                conn.close().await;
+                ctx.health.set_agent(AgentStatus::Ok);
+                info!(agent = %welcome.agent, agent_version = %welcome.agent_version, "agent handshake ok: shared workspace confirmed");
+                return;
+            }
+            Err(e @ (HandshakeError::Workspace(_) | HandshakeError::Version { .. })) => {
+                error!(error = %e, "AGENT CHECK FAILED: the surface and the agent do not share the workspace or protocol; nothing will be forwarded");
+                ctx.health.set_agent(e.health());
+            }
+            Err(e) => {
+                warn!(error = %e, "agent not reachable yet");
+                ctx.health.set_agent(e.health());
+            }
+        }
+        let delay = delays.next().unwrap_or(Duration::from_secs(10));
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The state every part of the running surface shares: config, Matrix client, journal, health,
+//! workspace, lanes and pending questions. Built once in [`crate::run`] and passed explicitly.
+
+use std::sync::{Arc, RwLock};
+
+use matrix_sdk::Client;
+use protocol::Sentinel;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::agent_link::{AgentEndpoint, WorkspaceProof};
+use crate::config::Config;
+use crate::health::Health;
+use crate::journal::Journal;
+use crate::lanes::{Lanes, Waits};
+use crate::media::UploadCache;
+use crate::sync::Joining;
+use crate::workspace::Workspace;
+
+/// Shared state of the running surface.
+#[derive(Debug)]
+pub struct Shared {
+    /// The configuration.
+    pub config: Config,
+    /// The logged-in Matrix client.
+    pub client: Client,
+    /// The delivery journal.
+    pub journal: Arc<Journal>,
+    /// Health state behind `/healthz`.
+    pub health: Arc<Health>,
+    /// The shared workspace.
+    pub workspace: Workspace,
+    /// How to reach the agent.
+    pub endpoint: AgentEndpoint,
+    /// Content-hash cache of uploads (the same bytes are uploaded once).
+    pub upload_cache: UploadCache,
+    /// One lane per chat.
+    pub lanes: Lanes,
+    /// Questions and approvals waiting for a user's answer.
+    pub waits: Waits,
+    /// Invites being joined.
+    pub joining: Joining,
+    /// Cancelled on SIGINT/SIGTERM.
+    pub shutdown: CancellationToken,
+    /// Every background task, awaited at shutdown.
+    pub tracker: TaskTracker,
+    /// The bot's display name (for mention detection), refreshed at start.
+    pub bot_display_name: RwLock<Option<String>>,
+    /// When this process started (ms since the epoch): on a room's first sight, older events
+    /// are history, not work.
+    pub started_ms: u64,
+}
+
+impl Shared {
+    /// The bot's display name, if known.
+    pub fn bot_display_name(&self) -> Option<String> {
+        self.bot_display_name
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The workspace proof over the real workspace.
+#[derive(Debug, Clone)]
+pub struct WorkspaceSentinels(pub Workspace);
+
+impl WorkspaceProof for WorkspaceSentinels {
+    fn write_sentinel(&self) -> Result<Sentinel, String> {
+        self.0.write_sentinel().map_err(|e| e.to_string())
+    }
+
+    fn check_sentinel(&self, sentinel: &Sentinel) -> Result<(), String> {
+        if self.0.check_sentinel(sentinel) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} is missing or has other content under {}",
+                sentinel.path,
+                self.0.root().display()
+            ))
+        }
+    }
+}
+
+/// Shorthand used across modules.
+pub type Ctx = Arc<Shared>;
