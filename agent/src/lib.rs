@@ -1,5 +1,17 @@
 //! The agent worker: serves `/v1/agent_ws/{chat_id}/`, keeps a durable session per chat, runs
 //! a brain whose tools are confined to the chat's part of the shared workspace.
+//!
+//! Module map:
+//! * [`config`]: the typed configuration from environment variables (secrets redacted).
+//! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown.
+//! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
+//! * [`session`]: chats, handshake, admission (store, then ack), the per-chat turn lane.
+//! * [`store`]: one JSON record per chat, replaced atomically.
+//! * [`turn`]: what a running turn may do ([`turn::TurnIo`]), questions and approvals.
+//! * [`tools`]: the typed tool registry with policies; the tools themselves.
+//! * [`confine`]: opening files beneath the workspace handle; what a chat may touch.
+//! * [`describe`]: MIME sniffing, hashes, image sizes and previews of files.
+//! * [`brain`]: the `Brain` trait, the builtin command interpreter and the OpenAI client.
 
 pub mod brain;
 pub mod config;

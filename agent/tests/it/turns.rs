@@ -313,3 +313,28 @@ async fn unfinished_turn_runs_again_on_reconnect() {
     let t = c.until_end("$q").await;
     assert!(t.text().contains("You answered: yes"));
 }
+
+#[tokio::test]
+async fn denied_tools_return_an_error_to_the_brain() {
+    let agent = TestAgent::start_with(|c| {
+        c.tool_policy
+            .insert("write_file".into(), agent::tools::Policy::Deny);
+    })
+    .await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let t = c.turn(message(1, "$m1", "note a.txt hello")).await;
+    assert_eq!(t.end().status, EndStatus::Completed);
+    assert!(
+        t.text()
+            .contains("write_file is not allowed by the agent's policy"),
+        "{}",
+        t.text()
+    );
+    assert!(t.sent_files().is_empty());
+    assert!(
+        t.messages
+            .iter()
+            .any(|m| matches!(m, ToSurface::ToolResult(r) if !r.ok))
+    );
+    assert!(!agent.ws_path(&format!("chats/{}/a.txt", chat())).exists());
+}
