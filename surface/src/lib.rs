@@ -173,3 +173,5 @@ async fn probe_agent(ctx: Ctx) {
         }
     }
 }
+pub mod outbox;
+pub mod retention;

@@ -1,0 +1,330 @@
+//! Watches every room's `outbox/` folder and reports files dropped there once they are complete.
+//!
+//! A file counts as complete when the writer closes it (`IN_CLOSE_WRITE`) or when it is renamed
+//! or moved into the folder (the atomic way to drop a file). Dotfiles (temporary names, the
+//! `.sent/` and `.failed/` folders) and anything deeper than `outbox/<name>` are ignored. At
+//! start, files already present are reported too, so nothing dropped while the surface was down
+//! is lost. After posting, the runtime moves each file aside with
+//! [`crate::workspace::Workspace::move_aside`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use protocol::{WorkspacePath, matrix_id_component, surface_root};
+use tokio::sync::mpsc;
+
+/// How long a reported file is remembered, so one drop is not reported twice (a scan racing
+/// an event, a file closed twice).
+const DEDUP_WINDOW: Duration = Duration::from_secs(600);
+
+/// A complete file in `surfaces/matrix/<user>/<room>/outbox/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxItem {
+    /// The `<user>` folder name (a [`matrix_id_component`] of a user id).
+    pub user_component: String,
+    /// The `<room>` folder name; see [`room_component_matches`].
+    pub room_component: String,
+    /// The file, relative to the workspace.
+    pub path: WorkspacePath,
+}
+
+/// Whether `component` is the folder name of `room_id`.
+pub fn room_component_matches(room_id: &str, component: &str) -> bool {
+    matrix_id_component(room_id) == component
+}
+
+/// Why the watcher could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// `surfaces/matrix` could not be created.
+    #[error("could not create {}: {source}", path.display())]
+    CreateDir {
+        /// The folder.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// inotify (or the platform's watcher) refused.
+    #[error("could not watch the outboxes: {0}")]
+    Watch(#[from] notify::Error),
+}
+
+/// Keeps the watch alive; dropping it stops watching.
+pub struct OutboxWatcher {
+    _watcher: RecommendedWatcher,
+    root: PathBuf,
+}
+
+impl fmt::Debug for OutboxWatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxWatcher")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts watching `<ws_root>/surfaces/matrix` (recursively, creating it if needed) and sends
+/// an [`OutboxItem`] on `tx` for each complete file dropped into a room's outbox, plus one for
+/// each file already there. Sending blocks the watcher thread while `tx` is full (back-pressure);
+/// if the receiver is gone, items are dropped.
+///
+/// The paths are reported, not trusted: the runtime opens them with
+/// [`crate::workspace::Workspace::open_for_upload`] like any other file.
+pub fn watch_outboxes(
+    ws_root: PathBuf,
+    tx: mpsc::Sender<OutboxItem>,
+) -> Result<OutboxWatcher, OutboxError> {
+    let base = ws_root.join(surface_root().as_path());
+    std::fs::create_dir_all(&base).map_err(|source| OutboxError::CreateDir {
+        path: base.clone(),
+        source,
+    })?;
+    let state = Arc::new(Reporter {
+        base: base.clone(),
+        tx,
+        seen: Mutex::new(HashMap::new()),
+    });
+    let handler_state = Arc::clone(&state);
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| match res {
+        Ok(event) => handler_state.on_event(&event),
+        Err(e) => tracing::warn!(error = %e, "outbox watcher error"),
+    })?;
+    watcher.watch(&base, RecursiveMode::Recursive)?;
+    // After the watch is in place, so a file dropped meanwhile is caught by one or the other
+    // (and reported once). On its own thread: sending may block.
+    std::thread::Builder::new()
+        .name("outbox-scan".into())
+        .spawn(move || state.scan_all())
+        .map_err(|e| OutboxError::Watch(notify::Error::io(e)))?;
+    Ok(OutboxWatcher {
+        _watcher: watcher,
+        root: ws_root,
+    })
+}
+
+/// (device, inode, size, mtime seconds, mtime nanoseconds): the same file, unchanged.
+type FileIdentity = (u64, u64, u64, i64, i64);
+
+struct Reporter {
+    /// `<ws_root>/surfaces/matrix`.
+    base: PathBuf,
+    tx: mpsc::Sender<OutboxItem>,
+    /// Reported files by identity (dev, inode, size, mtime) → when.
+    seen: Mutex<HashMap<FileIdentity, Instant>>,
+}
+
+impl Reporter {
+    fn on_event(&self, event: &Event) {
+        match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+                for p in &event.paths {
+                    self.consider(p);
+                }
+            }
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+                if let Some(to) = event.paths.get(1) {
+                    self.consider(to);
+                }
+            }
+            // A new folder (an outbox, or a whole user/room tree moved in): files may have
+            // landed in it before its watch was added.
+            EventKind::Create(CreateKind::Folder)
+            | EventKind::Modify(ModifyKind::Name(RenameMode::Any)) => {
+                for p in &event.paths {
+                    if p.is_dir() {
+                        self.scan(p, 0);
+                    } else {
+                        self.consider(p);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn scan_all(&self) {
+        self.scan(&self.base.clone(), 0);
+    }
+
+    /// Reports outbox files below `dir` (at most the three levels user/room/outbox).
+    fn scan(&self, dir: &Path, depth: usize) {
+        if depth > 4 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(ft) = entry.file_type() else { continue };
+            if ft.is_dir() && !ft.is_symlink() {
+                if !entry.file_name().to_string_lossy().starts_with('.') {
+                    self.scan(&path, depth + 1);
+                }
+            } else if ft.is_file() {
+                self.consider(&path);
+            }
+        }
+    }
+
+    /// Reports `path` if it is a complete, not yet reported regular file directly in an outbox.
+    fn consider(&self, path: &Path) {
+        let Some(item) = classify(&self.base, path) else {
+            return;
+        };
+        // Not followed: a symlink dropped in the outbox is refused later by the opener anyway.
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return;
+        };
+        if !meta.file_type().is_file() {
+            return;
+        }
+        let id = (
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+        );
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            seen.retain(|_, t| now.duration_since(*t) < DEDUP_WINDOW);
+            if seen.insert(id, now).is_some() {
+                return;
+            }
+        }
+        tracing::debug!(path = %item.path, "outbox file ready");
+        if self.tx.blocking_send(item).is_err() {
+            tracing::debug!("outbox receiver is gone");
+        }
+    }
+}
+
+/// The item for `path` if it is `<base>/<user>/<room>/outbox/<name>` with a visible name.
+fn classify(base: &Path, path: &Path) -> Option<OutboxItem> {
+    let rel = path.strip_prefix(base).ok()?;
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            std::path::Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let [user, room, "outbox", name] = parts.as_slice() else {
+        return None;
+    };
+    if name.starts_with('.') || user.starts_with('.') || room.starts_with('.') {
+        return None;
+    }
+    let path = surface_root()
+        .join(&format!("{user}/{room}/outbox/{name}"))
+        .ok()?;
+    Some(OutboxItem {
+        user_component: (*user).to_owned(),
+        room_component: (*room).to_owned(),
+        path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workspace::Workspace;
+
+    const USER: &str = "@alice:example.org";
+    const ROOM: &str = "!room:example.org";
+
+    async fn next(rx: &mut mpsc::Receiver<OutboxItem>) -> OutboxItem {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("an outbox item in time")
+            .expect("channel open")
+    }
+
+    fn outbox(root: &Path) -> PathBuf {
+        let p = Workspace::outbox_dir(USER, ROOM).to_path_under(root);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    #[test]
+    fn classifies_paths() {
+        let base = Path::new("/ws/surfaces/matrix");
+        let item = classify(base, &base.join("u/r/outbox/a.txt")).unwrap();
+        assert_eq!(item.user_component, "u");
+        assert_eq!(item.room_component, "r");
+        assert_eq!(item.path.as_str(), "surfaces/matrix/u/r/outbox/a.txt");
+        for bad in [
+            "u/r/outbox/.partial-x",
+            "u/r/outbox/.sent/a.txt",
+            "u/r/outbox/sub/a.txt",
+            "u/r/inbox/a.txt",
+            "u/r/outbox",
+            "u/outbox/a.txt",
+        ] {
+            assert!(classify(base, &base.join(bad)).is_none(), "{bad}");
+        }
+        assert!(classify(base, Path::new("/elsewhere/u/r/outbox/a")).is_none());
+        assert!(room_component_matches(ROOM, &matrix_id_component(ROOM)));
+        assert!(!room_component_matches(
+            "!other:example.org",
+            &matrix_id_component(ROOM)
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reports_complete_files_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_owned();
+        let outbox = outbox(&root);
+        // Present before the watcher starts: reported by the initial scan.
+        std::fs::write(outbox.join("early.txt"), b"early").unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let _watcher = watch_outboxes(root.clone(), tx).unwrap();
+        let item = next(&mut rx).await;
+        assert_eq!(item.path.file_name(), "early.txt");
+        assert!(room_component_matches(ROOM, &item.room_component));
+
+        // A temp file (ignored) renamed into place (reported once).
+        std::fs::write(outbox.join(".tmp-upload"), b"renamed").unwrap();
+        std::fs::rename(outbox.join(".tmp-upload"), outbox.join("renamed.txt")).unwrap();
+        let item = next(&mut rx).await;
+        assert_eq!(item.path.file_name(), "renamed.txt");
+
+        // Moved in from outside the outbox.
+        std::fs::write(root.join("outside.txt"), b"moved").unwrap();
+        std::fs::rename(root.join("outside.txt"), outbox.join("moved.txt")).unwrap();
+        let item = next(&mut rx).await;
+        assert_eq!(item.path.file_name(), "moved.txt");
+
+        // Written and closed.
+        std::fs::write(outbox.join("written.txt"), b"written").unwrap();
+        let item = next(&mut rx).await;
+        assert_eq!(item.path.file_name(), "written.txt");
+
+        // Moving aside (into `.sent/`) reports nothing; a new room's outbox is picked up.
+        let ws = Workspace::open(&root).unwrap();
+        ws.move_aside(&item.path, crate::workspace::Outcome::Sent)
+            .unwrap();
+        let other = Workspace::outbox_dir(USER, "!new:example.org").to_path_under(&root);
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("new-room.txt"), b"x").unwrap();
+        let item = next(&mut rx).await;
+        assert_eq!(item.path.file_name(), "new-room.txt");
+        assert!(room_component_matches(
+            "!new:example.org",
+            &item.room_component
+        ));
+
+        // Nothing else (no duplicates) arrived meanwhile.
+        assert!(rx.try_recv().is_err());
+    }
+}
