@@ -9,7 +9,7 @@ use protocol::{AttachmentInfo, ChatId, ContextMessage, Sender, UserMessage, Work
 use serde::{Deserialize, Serialize};
 
 /// Version of the record format, bumped on incompatible changes.
-const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 1;
 
 /// Everything the agent remembers about one chat.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -200,13 +200,13 @@ async fn a_second_connection_replaces_the_first() {
 #[tokio::test]
 async fn idle_connections_are_closed() {
     let agent = TestAgent::start_with(|c| {
-        c.limits.ping_interval = std::time::Duration::from_millis(200);
-        c.limits.idle_timeout = std::time::Duration::from_millis(600);
+        c.limits.ping_interval = std::time::Duration::from_millis(250);
+        c.limits.idle_timeout = std::time::Duration::from_millis(1500);
     })
     .await;
     let (mut c, _) = agent.connect(&chat()).await;
     // Reading answers the agent's pings, so the connection stays up while we read...
-    let t = c.turn(message(1, "$m1", "sleep 1500")).await;
+    let t = c.turn(message(1, "$m1", "sleep 2500")).await;
     assert_eq!(t.end().status, EndStatus::Completed);
     // ...and a peer that never answers pings is dropped by the idle timeout.
     let mut raw = raw_handshake(&agent).await;
