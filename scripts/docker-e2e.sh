@@ -254,7 +254,6 @@ E2E_PASSWORD="pw-$(rand)"
 cat >"$ENV_FILE" <<EOF
 SYNAPSE_SERVER_NAME=localhost
 SYNAPSE_HOST_PORT=$SYNAPSE_PORT
-SYNAPSE_PUBLIC_BASEURL=http://localhost:$SYNAPSE_PORT/
 SYNAPSE_REGISTRATION_SHARED_SECRET=e2e-$(rand)
 SYNAPSE_LOCAL_IMAGE=$SYNAPSE_TAG
 AGENT_LOCAL_IMAGE=$AGENT_TAG
@@ -284,7 +283,7 @@ cleanup() {
         dc logs --no-color >"$CACHE/$PROJECT.logs" 2>&1
         for s in synapse-init matrix-register synapse agent surface; do
             echo "----- $s -----"
-            grep -a "^$s" "$CACHE/$PROJECT.logs" | tail -n 40
+            grep -a "^$s" "$CACHE/$PROJECT.logs" | tail -n 40 | cut -c1-400
         done
     fi
     if [ "${MXBRIDGE_E2E_KEEP:-0}" = 1 ]; then
@@ -353,7 +352,7 @@ say "compose up (project $PROJECT, synapse on 127.0.0.1:$SYNAPSE_PORT)"
 # 1.29 has no --wait, and v2's --wait trips over the one-shot services in some versions, so the
 # final wait for the long-running services is done here.
 dc up -d || die "compose up failed"
-wait_healthy 300 synapse agent surface
+wait_healthy 180 synapse agent surface
 reg="$(cid_of matrix-register)"
 [ -n "$reg" ] && [ "$(docker inspect -f '{{.State.ExitCode}}' "$reg")" = 0 ] \
     || die "the register step did not complete successfully"

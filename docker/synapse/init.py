@@ -9,7 +9,11 @@ as JSON, which is valid YAML and needs no escaping rules of its own.
 Environment:
   SYNAPSE_SERVER_NAME                  default "localhost" (part of every user id: @bot:localhost)
   SYNAPSE_REGISTRATION_SHARED_SECRET   required; used by the register step (admin API)
-  SYNAPSE_PUBLIC_BASEURL               default "http://localhost:8008/"
+  SYNAPSE_PUBLIC_BASEURL               default unset. When set, Synapse also announces it in every
+                                       login response (well_known), and matrix-sdk clients that
+                                       respect that switch to it: it must then be reachable from
+                                       inside the compose network too (a real public URL), never
+                                       a 127.0.0.1-published port.
   SYNAPSE_MAX_UPLOAD_SIZE              default "100M"
   SYNAPSE_UID / SYNAPSE_GID            default 991 / 991 (owner of /data)
 """
@@ -42,7 +46,6 @@ def main():
     generous = {"per_second": 50, "burst_count": 200}
     config = {
         "server_name": server_name,
-        "public_baseurl": env("SYNAPSE_PUBLIC_BASEURL", "http://localhost:8008/"),
         "pid_file": os.path.join(DATA, "homeserver.pid"),
         "listeners": [
             {
@@ -80,6 +83,9 @@ def main():
         "root": {"level": env("SYNAPSE_LOG_LEVEL", "INFO"), "handlers": ["console"]},
         "disable_existing_loggers": False,
     }
+    public_baseurl = os.environ.get("SYNAPSE_PUBLIC_BASEURL", "").strip()
+    if public_baseurl:
+        config["public_baseurl"] = public_baseurl
     config_path = os.path.join(DATA, "homeserver.yaml")
     write(config_path, json.dumps(config, indent=2) + "\n", 0o600)
     write(os.path.join(DATA, "log.config"), json.dumps(log_config, indent=2) + "\n", 0o644)
