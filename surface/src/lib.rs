@@ -13,7 +13,10 @@ pub mod journal;
 pub mod lanes;
 pub mod media;
 pub mod mime;
+pub mod outbound;
+pub mod outbox;
 pub mod render;
+pub mod retention;
 pub mod session;
 pub mod sync;
 pub mod workspace;
@@ -112,6 +115,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
 
     tracker.spawn(probe_agent(ctx.clone()));
+    tracker.spawn(outbound::run_outbox(ctx.clone()));
+    tracker.spawn(outbound::run_retention(ctx.clone()));
     for chat in ctx.journal.chats_with_work()? {
         ctx.lanes.poke(&ctx, chat);
     }
@@ -173,5 +178,3 @@ async fn probe_agent(ctx: Ctx) {
         }
     }
 }
-pub mod outbox;
-pub mod retention;
