@@ -305,12 +305,13 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
                     .error(ErrorCode::BadHandshake, "hello was already received")
                     .await;
             }
-            ToAgent::UserMessage(m) => {
-                if !admit(&chat, &out, &m).await {
-                    break;
+            ToAgent::UserMessage(m) => match admit(&chat, &out, &m).await {
+                Next::Run => {
+                    let _ = turns_tx.send(m.id);
                 }
-                let _ = turns_tx.send(m.id);
-            }
+                Next::Skip => {}
+                Next::Disconnect => break,
+            },
             ToAgent::ApprovalDecision(d) => {
                 if !replies.approval(&d.request_id, d.decision) {
                     let _ = out
@@ -384,9 +385,19 @@ async fn handshake(
     None
 }
 
-/// Stores a user message and acknowledges it. `false` if the connection should end.
+/// What the receive loop does after [`admit`].
+enum Next {
+    /// Queue the turn.
+    Run,
+    /// Nothing more to do (duplicate or refused).
+    Skip,
+    /// End the connection (nothing could be stored).
+    Disconnect,
+}
+
+/// Stores a user message and acknowledges it.
 #[instrument(skip_all, fields(chat_id = %chat.id, seq = m.seq, id = %m.id))]
-async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> bool {
+async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> Next {
     if ChatId::for_conversation(&m.room_id, m.thread_root.as_deref()) != chat.id {
         warn!(room_id = %m.room_id, "message for another conversation");
         let _ = out
@@ -398,7 +409,7 @@ async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> bool {
                 ),
             )
             .await;
-        return true;
+        return Next::Skip;
     }
     match chat.admit(m).await {
         Ok(admission) => {
@@ -406,15 +417,21 @@ async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> bool {
             if duplicate {
                 info!("duplicate message: acknowledged, not run again");
             }
-            out.send(
-                &Ack {
-                    seq: m.seq,
-                    duplicate,
-                }
-                .into(),
-            )
-            .await
-            .is_ok()
+            if out
+                .send(
+                    &Ack {
+                        seq: m.seq,
+                        duplicate,
+                    }
+                    .into(),
+                )
+                .await
+                .is_err()
+            {
+                // Stored but not acknowledged: it runs on the next connection.
+                return Next::Disconnect;
+            }
+            if duplicate { Next::Skip } else { Next::Run }
         }
         Err(e) => {
             // Without durable storage nothing may be acknowledged: the surface will resend.
@@ -422,7 +439,7 @@ async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> bool {
             let _ = out
                 .error(ErrorCode::Internal, "the agent could not store the message")
                 .await;
-            false
+            Next::Disconnect
         }
     }
 }
