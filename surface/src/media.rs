@@ -7,8 +7,10 @@
 //! here, with a bound.
 //!
 //! * [`download_to_inbox`]: authenticated download into a room's inbox, size-limited while
-//!   streaming, hashed, MIME-sniffed, committed atomically.
-//! * [`upload_file`]: streaming upload, deduplicated by content hash ([`UploadCache`]).
+//!   streaming, decrypted on the way when end-to-end encrypted, hashed, MIME-sniffed, committed
+//!   atomically.
+//! * [`upload_file`] / [`upload_file_encrypted`]: streaming upload (in encrypted rooms through
+//!   an encrypted temporary file), deduplicated by content hash ([`UploadCache`]).
 //! * [`prepare_file_message`]: confinement check, upload and the `m.image`/`m.video`/`m.audio`/
 //!   `m.file` content for a file the agent asked to send.
 
@@ -28,7 +30,7 @@ pub use download::{
     DownloadError, DownloadFailure, DownloadRequest, Downloaded, download_to_inbox,
 };
 pub use message::{SendFileError, SendFileFailure, prepare_file_message};
-pub use upload::{UploadCache, UploadError, upload_file};
+pub use upload::{UploadCache, UploadError, upload_file, upload_file_encrypted};
 
 /// How long a transfer may go without receiving a single byte before it counts as stalled.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,10 +1,15 @@
 //! Authenticated, streaming download of an attachment into a room's inbox.
 
+use std::io::{self, Read};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::SystemTime;
 
+use bytes::Bytes;
+
 use matrix_sdk::Client;
-use matrix_sdk::ruma::events::room::MediaSource;
+use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
+use matrix_sdk_crypto::{AttachmentDecryptor, MediaEncryptionInfo};
 use protocol::{AttachmentInfo, WorkspacePath};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
@@ -69,9 +74,10 @@ pub enum DownloadFailure {
         /// The size, when known (declared, announced or counted so far).
         size: Option<u64>,
     },
-    /// End-to-end encrypted attachments are not supported yet.
-    #[error("encrypted attachments are not supported yet")]
-    Encrypted,
+    /// An end-to-end encrypted attachment could not be decrypted (unknown scheme, bad key, or
+    /// the content does not match its hash). Nothing is kept.
+    #[error("could not decrypt the attachment: {0}")]
+    Decryption(String),
     /// The `mxc://` URI is malformed.
     #[error("invalid media URI")]
     InvalidUri,
@@ -116,7 +122,7 @@ impl DownloadError {
             DownloadFailure::TooLarge { limit, .. } => {
                 format!("it is larger than the {} limit", human_size(*limit))
             }
-            DownloadFailure::Encrypted => "encrypted attachments are not supported yet".to_owned(),
+            DownloadFailure::Decryption(_) => "it could not be decrypted".to_owned(),
             DownloadFailure::InvalidUri => "its media link is invalid".to_owned(),
             DownloadFailure::NotFound => "the homeserver no longer has it".to_owned(),
             DownloadFailure::Http(HttpError::Status {
@@ -168,9 +174,9 @@ pub(super) async fn download_with(
             size: Some(size),
         });
     }
-    let mxc = match &req.source {
-        MediaSource::Plain(mxc) => mxc,
-        MediaSource::Encrypted(_) => return Err(DownloadFailure::Encrypted),
+    let (mxc, encrypted) = match &req.source {
+        MediaSource::Plain(mxc) => (mxc, None),
+        MediaSource::Encrypted(file) => (&file.url, Some(&**file)),
     };
     let (server, media_id) = mxc.parts().map_err(|_| DownloadFailure::InvalidUri)?;
     let url = api.url(&[
@@ -182,7 +188,8 @@ pub(super) async fn download_with(
         server.as_str(),
         media_id,
     ])?;
-    let downloaded = with_retries("download", || attempt(api, ws, req, &url, limit)).await?;
+    let downloaded =
+        with_retries("download", || attempt(api, ws, req, encrypted, &url, limit)).await?;
     tracing::info!(
         path = %downloaded.path,
         size = downloaded.info.size,
@@ -192,11 +199,13 @@ pub(super) async fn download_with(
     Ok(downloaded)
 }
 
-/// One try: a fresh temporary file, the whole body, commit.
+/// One try: a fresh temporary file, the whole body (decrypted on the way when `encrypted`),
+/// commit.
 async fn attempt(
     api: &MediaApi,
     ws: &Workspace,
     req: &DownloadRequest,
+    encrypted: Option<&EncryptedFile>,
     url: &url::Url,
     limit: u64,
 ) -> Result<Downloaded, DownloadFailure> {
@@ -222,6 +231,17 @@ async fn attempt(
         &req.name,
         SystemTime::now(),
     )?;
+    // The decryptor is a synchronous `Read` adapter; `Feed` hands it each chunk as it arrives,
+    // so decryption streams without a thread. The hash of the ciphertext is checked at the end.
+    let feed = Feed::default();
+    let mut feed_reader = feed.clone();
+    let mut decryptor = match encrypted {
+        Some(file) => Some(
+            AttachmentDecryptor::new(&mut feed_reader, MediaEncryptionInfo::from(file.clone()))
+                .map_err(|e| DownloadFailure::Decryption(e.to_string()))?,
+        ),
+        None => None,
+    };
     let mut hasher = Sha256::new();
     let mut head = Vec::with_capacity(HEAD_BYTES.min(usize::try_from(limit).unwrap_or(HEAD_BYTES)));
     let mut size: u64 = 0;
@@ -236,6 +256,10 @@ async fn attempt(
             // `temp` is dropped on return: the partial file goes with it.
             return Err(DownloadFailure::TooLarge { limit, size: None });
         }
+        let chunk = match decryptor.as_mut() {
+            Some(d) => feed.decrypt(d, chunk)?,
+            None => chunk,
+        };
         hasher.update(&chunk);
         if head.len() < HEAD_BYTES {
             let take = (HEAD_BYTES - head.len()).min(chunk.len());
@@ -249,6 +273,12 @@ async fn attempt(
             expected,
         }
         .into());
+    }
+    if let Some(d) = decryptor.as_mut() {
+        // End of input: the decryptor compares the ciphertext's hash now.
+        let mut end = [0u8; 1];
+        d.read(&mut end)
+            .map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
     }
     let mime = mime::reconcile(req.declared_mime.as_deref(), &head, temp.name());
     if mime::disagrees(req.declared_mime.as_deref(), &mime) {
@@ -267,6 +297,50 @@ async fn attempt(
     })
 }
 
+/// The input of an [`AttachmentDecryptor`]: the current chunk. It reports end of input only
+/// when the chunk is used up, which [`Feed::decrypt`] never lets happen before the real end.
+#[derive(Clone, Default)]
+struct Feed(Arc<StdMutex<Bytes>>);
+
+impl Read for Feed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut chunk = self.0.lock().map_err(|_| io::Error::other("poisoned"))?;
+        let n = buf.len().min(chunk.len());
+        buf[..n].copy_from_slice(&chunk.split_to(n));
+        Ok(n)
+    }
+}
+
+impl Feed {
+    /// Decrypts one chunk of ciphertext.
+    fn decrypt(
+        &self,
+        decryptor: &mut AttachmentDecryptor<'_, Feed>,
+        chunk: Bytes,
+    ) -> Result<Bytes, DownloadFailure> {
+        let len = chunk.len();
+        *self
+            .0
+            .lock()
+            .map_err(|_| DownloadFailure::Decryption("poisoned".into()))? = chunk;
+        let mut out = vec![0u8; len];
+        let mut filled = 0;
+        // Stop exactly when the chunk is used up: one more read would look like the end.
+        while filled < len {
+            let n = decryptor
+                .read(&mut out[filled..])
+                .map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
+            if n == 0 {
+                return Err(DownloadFailure::Decryption(
+                    "decryptor stopped early".into(),
+                ));
+            }
+            filled += n;
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
 fn temp_label(req: &DownloadRequest) -> String {
     Workspace::inbox_dir(req.sender.as_str(), req.room_id.as_str()).to_string()
 }
@@ -275,7 +349,7 @@ fn temp_label(req: &DownloadRequest) -> String {
 mod tests {
     use std::sync::atomic::Ordering;
 
-    use matrix_sdk::ruma::{event_id, mxc_uri, owned_room_id, owned_user_id};
+    use matrix_sdk::ruma::{event_id, owned_room_id, owned_user_id};
 
     use super::*;
     use crate::media::test_server::{Reply, TestServer};
@@ -426,26 +500,61 @@ mod tests {
         assert!(e.is_permanent());
     }
 
+    fn encrypt(plain: &[u8], media_id: &str) -> (Vec<u8>, EncryptedFile) {
+        let mut cursor = std::io::Cursor::new(plain.to_vec());
+        let mut enc = matrix_sdk_crypto::AttachmentEncryptor::new(&mut cursor);
+        let mut cipher = Vec::new();
+        enc.read_to_end(&mut cipher).unwrap();
+        let info = enc.finish();
+        let file = EncryptedFile::new(
+            format!("mxc://example.org/{media_id}").into(),
+            info.encryption_info,
+            info.hashes,
+        );
+        (cipher, file)
+    }
+
     #[tokio::test]
-    async fn encrypted_media_is_refused_clearly() {
-        let (_tmp, ws) = workspace();
+    async fn decrypts_encrypted_media_while_streaming() {
         let server = TestServer::start().await;
-        let mut req = request("x", "secret.doc");
-        let file: matrix_sdk::ruma::events::room::EncryptedFile =
-            serde_json::from_value(serde_json::json!({
-                "url": "mxc://example.org/x",
-                "key": {"kty": "oct", "key_ops": ["encrypt", "decrypt"], "alg": "A256CTR",
-                        "k": "qcHVMSgYg-71CauWBezXI5qkaRb0LuIy-Wx5kIaHMIA", "ext": true},
-                "iv": "X85+XgHN+HEAAAAAAAAAAA",
-                "hashes": {"sha256": "5qG4fFnbbVdlAB1Q72JDKwCagV6Dbkx9uds4rSak37c"},
-                "v": "v2"
-            }))
+        let (tmp, ws) = workspace();
+        let plain: Vec<u8> = PNG
+            .iter()
+            .copied()
+            .chain((0..5000u32).map(|i| i as u8))
+            .collect();
+        let (cipher, file) = encrypt(&plain, "enc");
+        assert_ne!(cipher, plain);
+        // Odd chunk boundaries, no Content-Length.
+        let chunks = cipher.chunks(777).map(<[u8]>::to_vec).collect();
+        server.put_media("enc", Reply::Chunked(chunks));
+        let mut req = request("enc", "secret.png");
+        req.source = MediaSource::Encrypted(Box::new(file));
+        let d = download_with(&server.api(), &ws, &req, 100_000)
+            .await
             .unwrap();
+        assert_eq!(
+            std::fs::read(d.path.to_path_under(tmp.path())).unwrap(),
+            plain
+        );
+        assert_eq!(d.sha256, hex::encode(Sha256::digest(&plain)));
+        assert_eq!(d.info.mime, "image/png");
+    }
+
+    #[tokio::test]
+    async fn tampered_encrypted_media_leaves_nothing() {
+        let server = TestServer::start().await;
+        let (tmp, ws) = workspace();
+        let (mut cipher, file) = encrypt(b"attack at dawn", "bad");
+        cipher[3] ^= 1;
+        server.put_media("bad", Reply::Body(cipher));
+        let mut req = request("bad", "orders.txt");
         req.source = MediaSource::Encrypted(Box::new(file));
         let err = download_with(&server.api(), &ws, &req, 1000)
             .await
             .unwrap_err();
-        assert!(matches!(err, DownloadFailure::Encrypted));
-        let _ = mxc_uri!("mxc://example.org/x");
+        assert!(matches!(err, DownloadFailure::Decryption(_)), "{err}");
+        assert_eq!(server.hits("bad"), 1);
+        assert!(inbox_entries(&tmp).is_empty());
     }
 }

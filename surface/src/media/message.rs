@@ -3,17 +3,18 @@
 use std::io;
 
 use matrix_sdk::Client;
-use matrix_sdk::ruma::events::room::ImageInfo;
+use matrix_sdk::EncryptionState;
 use matrix_sdk::ruma::events::room::message::{
     AudioInfo, AudioMessageEventContent, FileInfo, FileMessageEventContent,
     ImageMessageEventContent, MessageType, RoomMessageEventContent, VideoInfo,
     VideoMessageEventContent,
 };
-use matrix_sdk::ruma::{OwnedMxcUri, UInt};
+use matrix_sdk::ruma::events::room::{ImageInfo, MediaSource};
+use matrix_sdk::ruma::{OwnedRoomId, UInt};
 use protocol::WorkspacePath;
 use tokio::io::AsyncReadExt;
 
-use super::upload::upload_with;
+use super::upload::{upload_encrypted_with, upload_with};
 use super::{MediaApi, UploadCache, UploadError, quoted_name};
 use crate::mime::{self, HEAD_BYTES, Kind};
 use crate::workspace::{ChatScope, FileRefused, OpenedFile, Workspace};
@@ -79,7 +80,9 @@ impl SendFileError {
 /// content, see [`super::upload_file`]) and builds the message: `m.image` (with width and
 /// height when the header tells), `m.video`, `m.audio` or `m.file` by sniffed MIME type, with
 /// `filename`, `mimetype` and `size`. With a `caption`, `body` is the caption (Matrix media
-/// caption rules); otherwise `body` is the file name.
+/// caption rules); otherwise `body` is the file name. In an end-to-end encrypted room (or one
+/// whose state cannot be determined) the file is encrypted before upload and the content
+/// carries its key (the event itself is encrypted by the SDK when sent).
 ///
 /// The caller adds the thread relation and sends it with a transaction id.
 #[tracing::instrument(skip_all, fields(path = %path, chat_id = %scope.chat_id))]
@@ -97,11 +100,31 @@ pub async fn prepare_file_message(
         failure,
     };
     let api = MediaApi::from_client(client).map_err(|e| fail(UploadError::from(e).into()))?;
-    prepare_with(&api, ws, path, scope, caption, cache, limit)
+    let encrypt = room_is_encrypted(client, &scope.room_id).await;
+    prepare_with(&api, ws, path, scope, caption, cache, limit, encrypt)
         .await
         .map_err(fail)
 }
 
+/// Whether files for this room must be encrypted. When the state is unknown and cannot be
+/// fetched, assume it is: an encrypted file works in any room, a clear one leaks the content.
+async fn room_is_encrypted(client: &Client, room_id: &str) -> bool {
+    let Ok(id) = OwnedRoomId::try_from(room_id) else {
+        return false;
+    };
+    let Some(room) = client.get_room(&id) else {
+        return true;
+    };
+    match room.encryption_state() {
+        EncryptionState::Unknown => room
+            .latest_encryption_state()
+            .await
+            .map_or(true, |s| s.is_encrypted()),
+        state => state.is_encrypted(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn prepare_with(
     api: &MediaApi,
     ws: &Workspace,
@@ -110,16 +133,21 @@ pub(super) async fn prepare_with(
     caption: Option<&str>,
     cache: &UploadCache,
     limit: u64,
+    encrypt: bool,
 ) -> Result<RoomMessageEventContent, SendFileFailure> {
     let opened = ws.open_for_upload(path, scope, limit)?;
     let head = read_head(&opened).await.map_err(SendFileFailure::Read)?;
     let mime = mime::reconcile(None, &head, &opened.name);
-    let mxc = upload_with(api, &opened, &mime, cache).await?;
+    let source = if encrypt {
+        MediaSource::Encrypted(Box::new(upload_encrypted_with(api, &opened, cache).await?))
+    } else {
+        MediaSource::Plain(upload_with(api, &opened, &mime, cache).await?)
+    };
     let dims = mime::image_size(&head);
     Ok(build_content(
         &opened.name,
         caption,
-        mxc,
+        source,
         &mime,
         opened.size,
         dims,
@@ -141,7 +169,7 @@ async fn read_head(opened: &OpenedFile) -> io::Result<Vec<u8>> {
 fn build_content(
     name: &str,
     caption: Option<&str>,
-    mxc: OwnedMxcUri,
+    source: MediaSource,
     mime: &str,
     size: u64,
     dims: Option<(u32, u32)>,
@@ -162,7 +190,7 @@ fn build_content(
                 info.width = Some(UInt::from(w));
                 info.height = Some(UInt::from(h));
             }
-            let mut c = ImageMessageEventContent::plain(body, mxc).info(Box::new(info));
+            let mut c = ImageMessageEventContent::new(body, source).info(Box::new(info));
             c.filename = filename;
             MessageType::Image(c)
         }
@@ -170,7 +198,7 @@ fn build_content(
             let mut info = VideoInfo::new();
             info.mimetype = mimetype;
             info.size = size;
-            let mut c = VideoMessageEventContent::plain(body, mxc).info(Box::new(info));
+            let mut c = VideoMessageEventContent::new(body, source).info(Box::new(info));
             c.filename = filename;
             MessageType::Video(c)
         }
@@ -178,7 +206,7 @@ fn build_content(
             let mut info = AudioInfo::new();
             info.mimetype = mimetype;
             info.size = size;
-            let mut c = AudioMessageEventContent::plain(body, mxc).info(Box::new(info));
+            let mut c = AudioMessageEventContent::new(body, source).info(Box::new(info));
             c.filename = filename;
             MessageType::Audio(c)
         }
@@ -186,7 +214,7 @@ fn build_content(
             let mut info = FileInfo::new();
             info.mimetype = mimetype;
             info.size = size;
-            let mut c = FileMessageEventContent::plain(body, mxc).info(Box::new(info));
+            let mut c = FileMessageEventContent::new(body, source).info(Box::new(info));
             c.filename = filename;
             MessageType::File(c)
         }
@@ -214,7 +242,7 @@ mod tests {
 
     #[test]
     fn content_by_kind() {
-        let mxc = owned_mxc_uri!("mxc://example.org/m");
+        let mxc = MediaSource::Plain(owned_mxc_uri!("mxc://example.org/m"));
         let img = build_content("p.png", None, mxc.clone(), "image/png", 30, Some((3, 2)));
         assert_eq!(
             json_of(&img),
@@ -268,7 +296,7 @@ mod tests {
         std::fs::write(tmp.path().join("chats/c1/pic.bin"), PNG).unwrap();
         let cache = UploadCache::in_memory();
         let path = WorkspacePath::new("chats/c1/pic.bin").unwrap();
-        let content = prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000)
+        let content = prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000, false)
             .await
             .unwrap();
         let j = json_of(&content);
@@ -279,9 +307,10 @@ mod tests {
 
         for rel in ["chats/c1/missing.txt", "chats/other/pic.bin"] {
             let path = WorkspacePath::new(rel).unwrap();
-            let failure = prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000)
-                .await
-                .unwrap_err();
+            let failure =
+                prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000, false)
+                    .await
+                    .unwrap_err();
             let err = SendFileError {
                 name: path.file_name().to_owned(),
                 failure,
@@ -293,5 +322,28 @@ mod tests {
             );
         }
         assert_eq!(server.uploads().len(), 1);
+
+        // Encrypted room: the content carries `file` (with key) instead of `url`.
+        let path = WorkspacePath::new("chats/c1/pic.bin").unwrap();
+        let content = prepare_with(
+            &server.api(),
+            &ws,
+            &path,
+            &scope,
+            Some("look"),
+            &cache,
+            1000,
+            true,
+        )
+        .await
+        .unwrap();
+        let j = json_of(&content);
+        assert_eq!(j["msgtype"], "m.image");
+        assert_eq!(j["body"], "look");
+        assert_eq!(j["filename"], "pic.bin");
+        assert!(j.get("url").is_none());
+        assert_eq!(j["file"]["v"], "v2");
+        assert_eq!(j["file"]["url"], "mxc://example.org/up2");
+        assert_eq!(server.uploads().len(), 2);
     }
 }

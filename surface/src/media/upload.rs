@@ -10,6 +10,8 @@ use bytes::Bytes;
 use matrix_sdk::Client;
 use matrix_sdk::reqwest;
 use matrix_sdk::ruma::OwnedMxcUri;
+use matrix_sdk::ruma::events::room::EncryptedFile;
+use matrix_sdk_crypto::{AttachmentEncryptor, MediaEncryptionInfo};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
@@ -63,6 +65,9 @@ impl RetryClass for UploadError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct CacheEntry {
     mxc: OwnedMxcUri,
+    /// For uploads to encrypted rooms: the key and hashes of the ciphertext at `mxc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    encrypted: Option<EncryptedFile>,
     size: u64,
     /// Unix seconds of the upload, for eviction.
     at: u64,
@@ -113,24 +118,69 @@ impl UploadCache {
         }
     }
 
-    /// Where content with this hash and size was uploaded, if it was.
+    /// Where content with this hash and size was uploaded (in the clear), if it was.
     pub async fn get(&self, sha256: &str, size: u64) -> Option<OwnedMxcUri> {
         let file = self.file.lock().await;
         file.entries
             .get(sha256)
-            .filter(|e| e.size == size)
+            .filter(|e| e.size == size && e.encrypted.is_none())
             .map(|e| e.mxc.clone())
     }
 
     /// Records an upload and persists the cache.
     pub async fn insert(&self, sha256: &str, size: u64, mxc: OwnedMxcUri) -> io::Result<()> {
+        self.store(sha256.to_owned(), size, mxc, None).await
+    }
+
+    /// The encrypted upload of content with this (plaintext) hash and size, if there was one.
+    pub async fn get_encrypted(&self, sha256: &str, size: u64) -> Option<EncryptedFile> {
+        let file = self.file.lock().await;
+        file.entries
+            .get(&encrypted_key(sha256))
+            .filter(|e| e.size == size)
+            .and_then(|e| e.encrypted.clone())
+    }
+
+    /// Records an encrypted upload (key and all: the cache lives with the crypto store).
+    pub async fn insert_encrypted(
+        &self,
+        sha256: &str,
+        size: u64,
+        file: EncryptedFile,
+    ) -> io::Result<()> {
+        self.store(encrypted_key(sha256), size, file.url.clone(), Some(file))
+            .await
+    }
+
+    /// A folder for temporary files next to the cache (not the workspace, not a tmpfs).
+    fn scratch_dir(&self) -> PathBuf {
+        self.path
+            .as_deref()
+            .and_then(Path::parent)
+            .map_or_else(std::env::temp_dir, Path::to_owned)
+    }
+
+    async fn store(
+        &self,
+        key: String,
+        size: u64,
+        mxc: OwnedMxcUri,
+        encrypted: Option<EncryptedFile>,
+    ) -> io::Result<()> {
         let mut file = self.file.lock().await;
         let at = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         file.version = 1;
-        file.entries
-            .insert(sha256.to_owned(), CacheEntry { mxc, size, at });
+        file.entries.insert(
+            key,
+            CacheEntry {
+                mxc,
+                encrypted,
+                size,
+                at,
+            },
+        );
         while file.entries.len() > MAX_CACHE_ENTRIES {
             let oldest = file
                 .entries
@@ -151,6 +201,10 @@ impl UploadCache {
             .await
             .map_err(io::Error::other)?
     }
+}
+
+fn encrypted_key(sha256: &str) -> String {
+    format!("e2ee:{sha256}")
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder, fsynced, then renamed.
@@ -198,8 +252,10 @@ pub(super) async fn upload_with(
     }
     let mut url = api.url(&["_matrix", "media", "v3", "upload"])?;
     url.query_pairs_mut().append_pair("filename", &opened.name);
-    let (mxc, sent_sha) =
-        with_retries("upload", || attempt(api, opened, mime, len, url.clone())).await?;
+    let (mxc, sent_sha) = with_retries("upload", || {
+        attempt(api, opened.reader(), mime, len, url.clone())
+    })
+    .await?;
     if sent_sha != sha {
         // The file changed between hashing and sending: cache what the server really has.
         tracing::warn!("file changed while uploading; caching the uploaded content's hash");
@@ -209,6 +265,92 @@ pub(super) async fn upload_with(
     }
     tracing::info!(%mxc, "file uploaded");
     Ok(mxc)
+}
+
+/// Encrypts an opened workspace file for an end-to-end encrypted room (AES-256-CTR with a fresh
+/// key, Matrix attachment encryption v2) and uploads the ciphertext, unless the same content was
+/// uploaded encrypted before (the cached key is reused then).
+///
+/// The ciphertext goes through a temporary file next to the upload cache (the encryptor is a
+/// synchronous reader, run on a blocking thread), so memory stays flat; the temporary file is
+/// removed afterwards. The file name is not sent to the server.
+#[tracing::instrument(skip_all, fields(path = %opened.path, size = opened.size))]
+pub async fn upload_file_encrypted(
+    client: &Client,
+    opened: &OpenedFile,
+    cache: &UploadCache,
+) -> Result<EncryptedFile, UploadError> {
+    let api = MediaApi::from_client(client)?;
+    upload_encrypted_with(&api, opened, cache).await
+}
+
+pub(super) async fn upload_encrypted_with(
+    api: &MediaApi,
+    opened: &OpenedFile,
+    cache: &UploadCache,
+) -> Result<EncryptedFile, UploadError> {
+    let (sha, len) = hash_file(opened).await.map_err(UploadError::Read)?;
+    if let Some(file) = cache.get_encrypted(&sha, len).await {
+        tracing::debug!(mxc = %file.url, "same content uploaded encrypted before; reusing it");
+        return Ok(file);
+    }
+    let source = opened.reader().map_err(UploadError::Read)?.into_std().await;
+    let scratch = cache.scratch_dir();
+    let (cipher, info) =
+        tokio::task::spawn_blocking(move || encrypt_to_temp(source, len, &scratch))
+            .await
+            .map_err(|e| UploadError::Read(io::Error::other(e)))?
+            .map_err(UploadError::Read)?;
+    let url = api.url(&["_matrix", "media", "v3", "upload"])?;
+    let reopen = || {
+        use std::io::Seek;
+        let mut f = cipher.reopen()?;
+        f.rewind()?;
+        Ok(tokio::fs::File::from_std(f))
+    };
+    let (mxc, _) = with_retries("encrypted upload", || {
+        attempt(api, reopen(), "application/octet-stream", len, url.clone())
+    })
+    .await?;
+    drop(cipher);
+    let file = EncryptedFile::new(mxc, info.encryption_info, info.hashes);
+    if let Err(e) = cache.insert_encrypted(&sha, len, file.clone()).await {
+        tracing::warn!(error = %e, "could not persist the upload cache");
+    }
+    tracing::info!(mxc = %file.url, "file uploaded encrypted");
+    Ok(file)
+}
+
+/// Encrypts `len` bytes of `source` into a temporary file in `dir` (removed when dropped).
+fn encrypt_to_temp(
+    source: std::fs::File,
+    len: u64,
+    dir: &Path,
+) -> io::Result<(tempfile::NamedTempFile, MediaEncryptionInfo)> {
+    use std::io::{Read, Write};
+    let mut input = source.take(len);
+    let mut encryptor = AttachmentEncryptor::new(&mut input);
+    let mut out = tempfile::Builder::new()
+        .prefix(".upload-")
+        .tempfile_in(dir)?;
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut written = 0u64;
+    loop {
+        let n = encryptor.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        written += n as u64;
+    }
+    if written != len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the file shrank while being encrypted",
+        ));
+    }
+    out.flush()?;
+    Ok((out, encryptor.finish()))
 }
 
 /// SHA-256 (hex) and length of the whole file, read in chunks.
@@ -233,16 +375,16 @@ struct UploadResponse {
     content_uri: String,
 }
 
-/// One try: stream exactly `len` bytes from the start of the file. Returns the URI and the
+/// One try: stream exactly `len` bytes from `reader` (positioned at the start). Returns the URI and the
 /// SHA-256 of what was actually sent.
 async fn attempt(
     api: &MediaApi,
-    opened: &OpenedFile,
+    reader: io::Result<tokio::fs::File>,
     mime: &str,
     len: u64,
     url: url::Url,
 ) -> Result<(OwnedMxcUri, String), UploadError> {
-    let reader = opened.reader().map_err(UploadError::Read)?;
+    let reader = reader.map_err(UploadError::Read)?;
     let hasher = Arc::new(StdMutex::new(Sha256::new()));
     let stream = file_stream(reader, len, Arc::clone(&hasher));
     let timeout = transfer_timeout(len);
@@ -411,6 +553,52 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, UploadError::TooLarge), "{err}");
         assert!(server.uploads().is_empty());
+    }
+
+    #[tokio::test]
+    async fn encrypted_uploads_round_trip_and_dedupe() {
+        use std::io::Read;
+        let server = TestServer::start().await;
+        let files = Files::new();
+        let state = tempfile::tempdir().unwrap();
+        let cache = UploadCache::open(state.path()).unwrap();
+        let plain: Vec<u8> = (0..200_000u32).map(|i| (i % 13) as u8).collect();
+        let f = files.put("secret.bin", &plain);
+        let enc = upload_encrypted_with(&server.api(), &f, &cache)
+            .await
+            .unwrap();
+        let up = &server.uploads()[0];
+        assert_ne!(up.bytes, plain);
+        assert_eq!(up.bytes.len(), plain.len());
+        assert_eq!(up.filename, None, "the name stays private");
+        assert_eq!(up.content_type.as_deref(), Some("application/octet-stream"));
+        let mut cursor = std::io::Cursor::new(up.bytes.clone());
+        let mut dec = matrix_sdk_crypto::AttachmentDecryptor::new(
+            &mut cursor,
+            MediaEncryptionInfo::from(enc.clone()),
+        )
+        .unwrap();
+        let mut back = Vec::new();
+        dec.read_to_end(&mut back).unwrap();
+        assert_eq!(back, plain);
+        // Same content again: reused, not re-uploaded; a plain upload is separate.
+        let again = upload_encrypted_with(&server.api(), &f, &cache)
+            .await
+            .unwrap();
+        assert_eq!(again.url, enc.url);
+        assert_eq!(server.uploads().len(), 1);
+        assert_eq!(
+            cache
+                .get(&hex::encode(Sha256::digest(&plain)), 200_000)
+                .await,
+            None
+        );
+        // No scratch files left behind.
+        let names: Vec<_> = std::fs::read_dir(state.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![UPLOAD_CACHE_FILE]);
     }
 
     #[tokio::test]
