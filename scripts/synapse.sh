@@ -26,11 +26,17 @@ install() {
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "matrix-synapse==$SYNAPSE_VERSION"
 }
 
+read_secret() {
+  sed -n 's/^registration_shared_secret: "\(.*\)"$/\1/p' "$1/homeserver.yaml"
+}
+
 write_config() {
   local dir="$1" port="$2"
-  local secret
-  secret="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-  "$VENV/bin/generate_signing_key" -o "$dir/signing.key"
+  local secret=""
+  # Keep the secret and signing key of an existing server (scripts/dev.sh restarts it).
+  [ -f "$dir/homeserver.yaml" ] && secret="$(read_secret "$dir")"
+  [ -n "$secret" ] || secret="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  [ -f "$dir/signing.key" ] || "$VENV/bin/generate_signing_key" -o "$dir/signing.key"
   cat > "$dir/log.yaml" <<YAML
 version: 1
 formatters:
@@ -92,11 +98,12 @@ start() {
   install
   mkdir -p "$dir/media"
   dir="$(cd "$dir" && pwd)"
-  if [ ! -f "$dir/homeserver.yaml" ]; then
-    write_config "$dir" "$port"
-  fi
+  write_config "$dir" "$port"
   local secret
-  secret="$(sed -n 's/^registration_shared_secret: "\(.*\)"$/\1/p' "$dir/homeserver.yaml")"
+  secret="$(read_secret "$dir")"
+  if curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+    log "port $port is already in use by another server"; exit 1
+  fi
   log "starting on 127.0.0.1:$port (data in $dir)"
   "$VENV/bin/python" -m synapse.app.homeserver --config-path "$dir/homeserver.yaml" --daemonize
   local deadline=$((SECONDS + 90))

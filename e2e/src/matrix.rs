@@ -340,3 +340,18 @@ pub fn in_thread(event: &Event, root: &str) -> bool {
     let rel = &event["content"]["m.relates_to"];
     rel["rel_type"] == "m.thread" && rel["event_id"] == root
 }
+
+#[cfg(test)]
+mod tests {
+    use hmac::{KeyInit, Mac};
+
+    #[test]
+    fn hmac_sha1_known_vector() {
+        let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(b"key").unwrap();
+        mac.update(b"The quick brown fox jumps over the lazy dog");
+        assert_eq!(
+            hex::encode(mac.finalize().into_bytes()),
+            "de7c9b85b8b78aa6bc8a7a36f70a90701c9db4d9"
+        );
+    }
+}
