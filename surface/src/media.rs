@@ -26,6 +26,8 @@ use matrix_sdk::reqwest;
 use serde::Deserialize;
 use url::Url;
 
+use crate::workspace::human_size;
+
 pub use download::{
     DownloadError, DownloadFailure, DownloadRequest, Downloaded, download_to_inbox,
 };
@@ -315,12 +317,6 @@ where
 trait RetryClass {
     fn is_retryable(&self) -> bool;
     fn retry_after(&self) -> Option<Duration>;
-}
-
-/// Formats a byte count for people, e.g. `100 MiB`.
-fn human_size(bytes: u64) -> String {
-    let s = bytesize::ByteSize(bytes).display().iec().to_string();
-    s.replace(".0 ", " ")
 }
 
 /// A file name safe to put between backticks in a room message.

@@ -121,6 +121,12 @@ struct Reporter {
 
 impl Reporter {
     fn on_event(&self, event: &Event) {
+        if event.need_rescan() {
+            // The kernel queue overflowed: events were lost, look at everything again.
+            tracing::warn!("outbox watcher lost events; rescanning");
+            self.scan_all();
+            return;
+        }
         match event.kind {
             EventKind::Access(AccessKind::Close(AccessMode::Write))
             | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {

@@ -140,16 +140,21 @@ impl FileRefused {
             Self::Symlink => "it is a symbolic link, which I do not follow".to_owned(),
             Self::NotRegular => "it is not a regular file".to_owned(),
             Self::HardLinked => "it has more than one hard link".to_owned(),
-            Self::TooLarge { max, .. } => format!(
-                "it is larger than the {} limit",
-                bytesize::ByteSize(*max).display().iec()
-            ),
+            Self::TooLarge { max, .. } => {
+                format!("it is larger than the {} limit", human_size(*max))
+            }
             Self::Io(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                 "permission denied".to_owned()
             }
             Self::Io(_) => "it could not be read".to_owned(),
         }
     }
+}
+
+/// Formats a byte count for people, e.g. `100 MiB`, `1.5 KiB`.
+pub fn human_size(bytes: u64) -> String {
+    let s = bytesize::ByteSize(bytes).display().iec().to_string();
+    s.replace(".0 ", " ")
 }
 
 /// The folders one chat may read from.
@@ -1145,7 +1150,7 @@ mod tests {
                 max: 100 * 1024 * 1024
             }
             .user_reason(),
-            "it is larger than the 100.0 MiB limit"
+            "it is larger than the 100 MiB limit"
         );
     }
 }
