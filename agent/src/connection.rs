@@ -34,6 +34,8 @@ pub enum CloseReason {
     TooBig,
     /// The handshake failed or the peer broke the protocol.
     Protocol,
+    /// The agent cannot serve this chat (e.g. its state is unreadable).
+    Internal,
 }
 
 impl CloseReason {
@@ -45,6 +47,7 @@ impl CloseReason {
             Self::Idle => (close_code::AWAY, "idle timeout"),
             Self::TooBig => (close_code::SIZE, "message too big"),
             Self::Protocol => (close_code::POLICY, "protocol violation"),
+            Self::Internal => (close_code::ERROR, "internal error"),
         };
         CloseFrame {
             code,

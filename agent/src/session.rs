@@ -221,10 +221,25 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
     let limits = app.config.limits.clone();
     let cancel = app.shutdown.child_token();
 
+    let keepalive = Keepalive {
+        ping_interval: limits.ping_interval,
+        idle_timeout: limits.idle_timeout,
+    };
     let chat = match app.sessions.chat(&chat_id) {
         Ok(chat) => chat,
         Err(e) => {
             error!(error = %e, "cannot load the chat's record");
+            let (conn, out, writer) =
+                Connection::new(socket, keepalive, cancel, || CloseReason::Internal);
+            let _ = out
+                .error(
+                    ErrorCode::Internal,
+                    "the agent cannot load this chat's state",
+                )
+                .await;
+            out.close(CloseReason::Internal).await;
+            drop((conn, out));
+            let _ = writer.await;
             return;
         }
     };
@@ -240,10 +255,6 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
                 CloseReason::Replaced
             }
         }
-    };
-    let keepalive = Keepalive {
-        ping_interval: limits.ping_interval,
-        idle_timeout: limits.idle_timeout,
     };
     let (mut conn, out, writer) = Connection::new(socket, keepalive, cancel.clone(), close_reason);
 

@@ -39,3 +39,20 @@ async fn history_survives_restart() {
     assert_eq!(record["turns"].as_array().unwrap().len(), 3);
     assert_eq!(record["turns"][1]["attachments"][0], file.as_str());
 }
+
+#[tokio::test]
+async fn an_unreadable_record_is_reported_not_overwritten() {
+    let agent = TestAgent::start().await;
+    let record = agent.state.path().join(format!("chats/{}.json", chat()));
+    // The agent may still be starting: do not rely on it having created the folder yet.
+    std::fs::create_dir_all(record.parent().unwrap()).unwrap();
+    std::fs::write(&record, b"{ not json").unwrap();
+    let mut c = agent.connect_raw(&chat()).await;
+    match c.expect().await {
+        protocol::ToSurface::Error(e) => assert_eq!(e.code, protocol::ErrorCode::Internal),
+        other => panic!("expected error, got {other:?}"),
+    }
+    let frame = c.closed().await.expect("close frame");
+    assert_eq!(u16::from(frame.code), 1011);
+    assert_eq!(std::fs::read(&record).unwrap(), b"{ not json");
+}
