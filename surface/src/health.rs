@@ -79,7 +79,11 @@ impl Health {
             s.agent,
             AgentStatus::WorkspaceMismatch(_) | AgentStatus::ProtocolMismatch(_)
         );
-        if sticky && matches!(status, AgentStatus::Unreachable(_)) {
+        // Once the workspace proof passed, a dropped connection (an agent restart) does not
+        // make the surface unhealthy: restarting the surface would not help, and the links
+        // reconnect on their own.
+        let proven = s.agent == AgentStatus::Ok;
+        if (sticky || proven) && matches!(status, AgentStatus::Unreachable(_)) {
             return;
         }
         s.agent = status;
@@ -148,6 +152,8 @@ mod tests {
         assert_eq!(h.report().status, "starting");
         h.set_synced();
         assert_eq!(h.report().status, "agent_unchecked");
+        h.set_agent(AgentStatus::Unreachable("refused".into()));
+        assert_eq!(h.report().status, "agent_unreachable");
         h.set_agent(AgentStatus::Ok);
         assert_eq!(h.report().status, "ok");
         h.set_agent(AgentStatus::WorkspaceMismatch("sentinel not found".into()));
@@ -160,6 +166,8 @@ mod tests {
         );
         h.set_agent(AgentStatus::Ok);
         assert_eq!(h.report().status, "ok");
+        h.set_agent(AgentStatus::Unreachable("agent restarting".into()));
+        assert_eq!(h.report().status, "ok", "a proven agent may restart");
         assert_eq!(
             serde_json::to_string(&h.report()).unwrap(),
             r#"{"status":"ok"}"#
