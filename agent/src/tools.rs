@@ -14,6 +14,7 @@ use std::str::FromStr;
 use futures_util::future::BoxFuture;
 use protocol::{Decision, ToolCallChunk, ToolResult, WorkspacePath};
 use schemars::JsonSchema;
+use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
 
@@ -192,8 +193,6 @@ impl<T: Tool> Erased<T> {
         })
     }
 }
-
-use serde::Deserialize as _;
 
 impl<T: Tool> DynTool for Erased<T> {
     fn name(&self) -> &'static str {
