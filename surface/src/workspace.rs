@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use protocol::{ChatId, Sentinel, WorkspacePath, matrix_id_component, room_dir, surface_root};
 use rand::Rng;
@@ -630,9 +631,14 @@ fn check_regular(meta: &std::fs::Metadata, max: u64) -> Result<(), FileRefused> 
 }
 
 /// Options that open a directory component without following a symlink.
+///
+/// `follow(No)` matters where `openat2` is unavailable (old kernels, some seccomp profiles):
+/// cap-std then resolves paths itself and would follow a final symlink (within the root)
+/// despite `O_NOFOLLOW` in the custom flags.
 fn dir_options() -> OpenOptions {
     let mut o = OpenOptions::new();
     o.read(true)
+        .follow(FollowSymlinks::No)
         .custom_flags((OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32);
     o
 }
@@ -667,7 +673,7 @@ fn open_file_nofollow(start: &Dir, path: &WorkspacePath) -> io::Result<std::fs::
         None => start,
     };
     let mut o = OpenOptions::new();
-    o.read(true).custom_flags(
+    o.read(true).follow(FollowSymlinks::No).custom_flags(
         (OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC).bits() as i32,
     );
     Ok(parent.open_with(name, &o)?.into_std())
