@@ -143,6 +143,8 @@ pub struct StackOptions {
     pub max_file_size: Option<String>,
     /// Extra surface environment.
     pub surface_env: BTreeMap<String, String>,
+    /// Extra agent environment.
+    pub agent_env: BTreeMap<String, String>,
 }
 
 /// One agent + one surface (logged in as a fresh bot account) sharing a temporary workspace.
@@ -184,17 +186,19 @@ impl Stack {
             env.insert("WORKSPACE_ROOT".into(), workspace.display().to_string());
             env
         };
+        let mut agent_env = base(&[
+            ("AGENT_BIND", format!("127.0.0.1:{agent_port}")),
+            ("AGENT_TOKEN", token.clone()),
+            (
+                "AGENT_STATE_DIR",
+                dir.path().join("agent-state").display().to_string(),
+            ),
+        ]);
+        agent_env.extend(opts.agent_env.clone());
         let agent = Child::spawn(
             "agent",
             bin("agent"),
-            base(&[
-                ("AGENT_BIND", format!("127.0.0.1:{agent_port}")),
-                ("AGENT_TOKEN", token.clone()),
-                (
-                    "AGENT_STATE_DIR",
-                    dir.path().join("agent-state").display().to_string(),
-                ),
-            ]),
+            agent_env,
             dir.path().join("agent.log"),
         )?;
         let agent_http = format!("http://127.0.0.1:{agent_port}");
