@@ -33,7 +33,7 @@ TIMEOUT = float(os.environ.get("E2E_TIMEOUT", "120"))
 
 
 def log(msg):
-    print(f"[e2e_check] {msg}", file=sys.stderr, flush=True)
+    print(f"[e2e_check {time.strftime('%H:%M:%S', time.gmtime())}] {msg}", file=sys.stderr, flush=True)
 
 
 def q(s):
@@ -139,7 +139,8 @@ def bot_events_after(c, st, event_id):
 
 
 def wait_for(c, st, event_id, pred, what):
-    deadline = time.time() + TIMEOUT
+    start = time.time()
+    deadline = start + TIMEOUT
     seen = 0
     while True:
         events = bot_events_after(c, st, event_id)
@@ -148,6 +149,7 @@ def wait_for(c, st, event_id, pred, what):
         seen = len(events)
         for e in events:
             if pred(e["content"]):
+                log(f"matched after {time.time() - start:.1f}s of polling")
                 return e
         if time.time() > deadline:
             raise SystemExit(f"timed out after {TIMEOUT}s waiting for {what}")

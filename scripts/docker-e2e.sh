@@ -407,14 +407,18 @@ ok "note x.txt hello: written by the agent into the volume, posted to the room, 
 
 # Restarts lose nothing.
 t_restart=$(date +%s)
+say "docker compose restart surface"
 dc restart surface >/dev/null 2>&1
 wait_healthy 180 surface
+say "surface healthy again"
 ev="$(chk send "after surface restart $(rand)")"
 chk wait-text "$ev" "after surface restart" >/dev/null
 ok "restart surface: answered afterwards"
 
+say "docker compose restart agent"
 dc restart agent >/dev/null 2>&1
 wait_healthy 180 agent surface
+say "agent and surface healthy again"
 ev="$(chk send "history")"
 hist="$(chk wait-text "$ev" "earlier turn(s)" | head -n1)"
 say "history after agent restart: $hist"
@@ -428,20 +432,26 @@ ev="$(chk send "after agent restart $nonce")"
 chk wait-text "$ev" "$nonce" >/dev/null
 ok "restart agent: answered afterwards"
 
+say "docker compose stop surface"
 dc stop surface >/dev/null 2>&1
 nonce="$(rand)"
 ev="$(chk send "sent while the surface was stopped $nonce")"
+say "docker compose start surface"
 dc start surface >/dev/null 2>&1
 wait_healthy 180 surface
+say "surface healthy again"
 chk wait-text "$ev" "$nonce" >/dev/null
 ok "a message sent while the surface was stopped is answered after it starts"
 
+say "docker compose stop agent"
 dc stop agent >/dev/null 2>&1
 nonce="$(rand)"
 ev="$(chk send "sent while the agent was stopped $nonce")"
 sleep 3
+say "docker compose start agent"
 dc start agent >/dev/null 2>&1
 wait_healthy 180 agent surface
+say "agent and surface healthy again"
 chk wait-text "$ev" "$nonce" >/dev/null
 ok "a message sent while the agent was stopped is answered after it starts"
 
@@ -449,8 +459,9 @@ ok "a message sent while the agent was stopped is answered after it starts"
 got="$(dc exec -T agent sha256sum "/workspace/$path" | cut -d' ' -f1)"
 [ "$got" = "$want" ] || die "after the restarts the agent sees sha256 $got for $path"
 ok "after the restarts the volume still holds the inbound file unchanged"
-TIMINGS+=("$(printf '%-34s %5ds' "  of which restarts" $(($(date +%s) - t_restart)))")
+t_restart=$(($(date +%s) - t_restart))
 phase "end-to-end checks"
+TIMINGS+=("$(printf '%-34s %5ds' "  of which restarts" "$t_restart")")
 
 FAILED=0
 echo "DOCKER E2E: PASSED ($PASSED checks)"

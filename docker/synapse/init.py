@@ -17,9 +17,11 @@ Environment:
   SYNAPSE_MAX_UPLOAD_SIZE              default "100M"
   SYNAPSE_UID / SYNAPSE_GID            default 991 / 991 (owner of /data)
 """
+import base64
 import json
 import os
-import subprocess
+import secrets
+import string
 import sys
 
 DATA = os.environ.get("SYNAPSE_DATA_DIR", "/data")
@@ -90,11 +92,16 @@ def main():
     write(config_path, json.dumps(config, indent=2) + "\n", 0o600)
     write(os.path.join(DATA, "log.config"), json.dumps(log_config, indent=2) + "\n", 0o644)
 
-    # Creates the signing key (and nothing else) when missing; keeps an existing one.
-    subprocess.run(
-        [sys.executable, "-m", "synapse.app.homeserver", "--config-path", config_path, "--generate-keys"],
-        check=True,
-    )
+    # The signing key is made once and kept. Written here (format "ed25519 <version> <unpadded
+    # base64 seed>", as `--generate-keys` writes it) because importing the whole homeserver just
+    # for that costs ~20 s of CPU on a small machine.
+    key_path = config["signing_key_path"]
+    if not os.path.exists(key_path):
+        alphabet = string.ascii_letters + string.digits
+        version = "a_" + "".join(secrets.choice(alphabet) for _ in range(4))
+        seed = base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+        write(key_path, f"ed25519 {version} {seed}\n", 0o600)
+        print(f"synapse-init: generated signing key {version}")
     for root, dirs, files in os.walk(DATA):
         for name in [root] + [os.path.join(root, n) for n in dirs + files]:
             os.lchown(name, uid, gid)
