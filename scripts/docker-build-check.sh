@@ -81,4 +81,5 @@ for target in agent surface; do
     docker image inspect -f '{{.Config.User}} {{json .Config.Healthcheck.Test}}' "$img"
     docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$img"
 done
+for target in agent surface; do docker rmi "mxbridge-local/$target:dockerfile-check" >/dev/null 2>&1 || true; done
 echo "DOCKERFILE CHECK: PASSED"

@@ -304,8 +304,14 @@ cleanup() {
 trap cleanup EXIT
 
 say "building runtime images from $CTX"
+old_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG" 2>/dev/null || true)"
 dc build agent surface >"$CACHE/compose-build.log" 2>&1 \
     || { tail -30 "$CACHE/compose-build.log"; die "building the runtime images failed"; }
+# Drop the previous run's images when the binaries changed (repeat runs must not fill the disk).
+new_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG")"
+for id in $old_ids; do
+    grep -q "$id" <<<"$new_ids" || docker rmi "$id" >/dev/null 2>&1 || true
+done
 phase "runtime images (prebuilt)"
 
 # Two throwaway containers (agent image, then surface image, then agent again) on a fresh
