@@ -830,6 +830,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn hostile_names_stay_in_the_inbox() {
+        let f = fixture();
+        let long = format!("{}.pdf", "x".repeat(400));
+        let cases = [
+            ("../../etc/passwd", "_.._etc_passwd"),
+            ("\u{202e}gnp.exe", "gnp.exe"),
+            ("CON.txt", "_CON.txt"),
+            (".bashrc", "bashrc"),
+            ("", "file"),
+        ];
+        for (name, expected) in cases {
+            let t =
+                f.ws.create_inbox_file(USER, ROOM, name, SystemTime::now())
+                    .unwrap();
+            let path = t.commit().await.unwrap();
+            assert_eq!(path.parent().unwrap(), Workspace::inbox_dir(USER, ROOM));
+            assert!(
+                path.file_name().ends_with(&format!("-{expected}")),
+                "{path}"
+            );
+        }
+        let t =
+            f.ws.create_inbox_file(USER, ROOM, &long, SystemTime::now())
+                .unwrap();
+        let path = t.commit().await.unwrap();
+        assert!(path.file_name().len() <= protocol::MAX_COMPONENT_BYTES);
+        assert!(path.file_name().ends_with("x.pdf"), "{path}");
+        assert!(path.to_path_under(&f.root).is_file());
+    }
+
+    #[tokio::test]
     async fn dropped_inbox_file_leaves_nothing() {
         let f = fixture();
         let mut temp =
@@ -1158,5 +1189,56 @@ mod tests {
             .user_reason(),
             "it is larger than the 100 MiB limit"
         );
+    }
+
+    mod scope_props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn hostile_path() -> impl Strategy<Value = String> {
+            let room = matrix_id_component(ROOM);
+            let other_room = matrix_id_component(OTHER_ROOM);
+            let chat = ChatId::for_conversation(ROOM, None).to_string();
+            let other_chat = ChatId::for_conversation(OTHER_ROOM, None).to_string();
+            let atoms = prop::sample::select(vec![
+                "chats".to_owned(),
+                "surfaces".to_owned(),
+                "matrix".to_owned(),
+                "inbox".to_owned(),
+                "outbox".to_owned(),
+                "x.txt".to_owned(),
+                ".partial-1".to_owned(),
+                ".sent".to_owned(),
+                matrix_id_component(USER),
+                room,
+                other_room,
+                chat,
+                other_chat,
+            ]);
+            prop::collection::vec(atoms, 1..8).prop_map(|v| v.join("/"))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+
+            #[test]
+            fn allowed_paths_belong_to_the_chat(s in hostile_path()) {
+                let scope = ChatScope::new(ChatId::for_conversation(ROOM, None), ROOM);
+                let path = WorkspacePath::new(s).unwrap();
+                if scope.allows(&path) {
+                    let parts: Vec<&str> = path.components().collect();
+                    let own_chat = parts.len() >= 3
+                        && parts[0] == "chats"
+                        && parts[1] == scope.chat_id.as_str();
+                    let own_room = parts.len() >= 6
+                        && parts[..2] == ["surfaces", "matrix"]
+                        && parts[3] == matrix_id_component(ROOM)
+                        && matches!(parts[4], "inbox" | "outbox");
+                    prop_assert!(own_chat || own_room, "{path}");
+                    prop_assert!(!parts.iter().any(|p| p.starts_with(PARTIAL_PREFIX)));
+                }
+            }
+        }
     }
 }
