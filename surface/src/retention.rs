@@ -91,7 +91,7 @@ fn sweep_now(ws: &Workspace, max_age: Duration, now: SystemTime) -> SweepReport 
         }
     });
     if report.removed + report.partials_removed > 0 {
-        tracing::info!(
+        tracing::debug!(
             removed = report.removed,
             partials = report.partials_removed,
             "inbox retention sweep"
