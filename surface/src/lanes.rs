@@ -27,14 +27,15 @@ use crate::filename::pick_name;
 use crate::journal::{ChatRef, Disposition, JournaledEvent};
 use crate::media::{self, DownloadRequest};
 use crate::render::{self, ReplyTarget};
-use crate::workspace::ChatScope;
+use crate::workspace::{ChatScope, Workspace};
 
 /// Pending events of a chat beyond which the room is told that messages are queued.
 pub const LANE_BACKLOG_NOTICE: u64 = 5;
 /// A turn with no news from the agent for this long is given up (and reported).
 const TURN_IDLE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-/// After a duplicate ack (the agent already had the turn), how long to wait for its end.
-const DUPLICATE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// When the agent already had the turn (a duplicate ack, or a reconnect whose `last_seq`
+/// covers it), it may have finished it while we were not listening: wait this long for news.
+const RECOVERY_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long an approval prompt waits for an answer before it counts as a denial.
 pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// How long an `ask_user` question waits before it is answered "no reply".
@@ -356,6 +357,13 @@ struct Prepared {
 impl Lane {
     #[instrument(skip_all, fields(room_id = %ev.room_id, event_id = %ev.event_id))]
     async fn process(&mut self, ev: JournaledEvent) {
+        // Create the sender's outbox for this room early, so it is being watched before anyone
+        // drops a file there (a folder created together with its first file can race the
+        // watcher).
+        let outbox = Workspace::outbox_dir(&ev.sender, &ev.room_id);
+        if let Err(e) = self.ctx.workspace.create_dir_all(&outbox) {
+            warn!(error = %e, "could not create the outbox folder");
+        }
         let prepared = self.prepare(&ev).await;
         let sender = Sender {
             user_id: ev.sender.clone(),
@@ -586,10 +594,12 @@ impl Lane {
             text: String::new(),
             tool_calls: HashMap::new(),
         };
-        let mut duplicate = false;
+        // True when the agent already had this turn before this connection: its end may have
+        // been lost with the old connection (the protocol has no "turn finished" query yet).
+        let mut recovering = false;
         let outcome = loop {
-            let idle = if duplicate {
-                DUPLICATE_IDLE_TIMEOUT
+            let idle = if recovering {
+                RECOVERY_IDLE_TIMEOUT
             } else {
                 TURN_IDLE_TIMEOUT
             };
@@ -598,10 +608,12 @@ impl Lane {
                 r = tokio::time::timeout(idle, self.events.recv()) => r,
             };
             let m = match ev {
+                Err(_) if recovering => break TurnOutcome::Lost,
                 Err(_) => break TurnOutcome::Timeout,
                 Ok(None) => break TurnOutcome::Interrupted,
                 Ok(Some(LinkEvent::Connected { last_seq })) => {
                     debug!(last_seq, "link (re)connected during turn");
+                    recovering = last_seq >= msg.seq;
                     continue;
                 }
                 Ok(Some(LinkEvent::Disconnected)) => continue,
@@ -610,7 +622,7 @@ impl Lane {
             match m {
                 ToSurface::Ack(a) if a.seq == msg.seq => {
                     debug!(duplicate = a.duplicate, "turn acked");
-                    duplicate = a.duplicate;
+                    recovering |= a.duplicate;
                 }
                 ToSurface::End(e) if e.turn == turn.turn => {
                     self.flush(&mut turn).await;
@@ -669,6 +681,17 @@ impl Lane {
                     &mut turn,
                     "⚠️ The agent did not finish answering this message.",
                     "turn-timeout",
+                )
+                .await;
+            }
+            TurnOutcome::Lost => {
+                self.flush(&mut turn).await;
+                warn!("no news about a turn the agent already had; its end was probably lost");
+                self.post_notice(
+                    &mut turn,
+                    "⚠️ I lost the connection to the agent while it was answering; \
+                     the answer may be incomplete.",
+                    "turn-lost",
                 )
                 .await;
             }
@@ -893,6 +916,7 @@ struct Turn {
 enum TurnOutcome {
     Ended,
     Timeout,
+    Lost,
     Interrupted,
 }
 
