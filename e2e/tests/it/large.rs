@@ -34,6 +34,7 @@ async fn a_200_mib_file_goes_both_ways_with_flat_surface_memory() {
     let size = 200 * MIB;
     let dm = Dm::start(StackOptions {
         max_file_size: Some("300MiB".into()),
+        agent_env: [("AGENT_MAX_FILE_SIZE".to_owned(), "300MiB".to_owned())].into(),
         ..Default::default()
     })
     .await;
