@@ -932,3 +932,86 @@ async fn keep_typing(room: Room, stop: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent_link::{drain, test_handle};
+
+    fn wait(link: &LinkHandle, id: &str, approval: Option<(&str, &str)>) -> Wait {
+        Wait {
+            room_id: "!r:hs".into(),
+            user_id: "@alice:hs".into(),
+            turn: "$turn".into(),
+            id: id.into(),
+            extra_request_ids: Vec::new(),
+            approval: approval.map(|(t, r)| (t.into(), r.into())),
+            link: link.clone(),
+        }
+    }
+
+    #[test]
+    fn questions_are_answered_once_by_the_asked_user() {
+        let (link, mut rx) = test_handle();
+        let waits = Waits::default();
+        waits.add(wait(&link, "q1", None));
+        assert_eq!(
+            waits.lookup("!r:hs", "@bob:hs"),
+            None,
+            "others are not asked"
+        );
+        assert_eq!(waits.lookup("!other:hs", "@alice:hs"), None);
+        assert_eq!(
+            waits.lookup("!r:hs", "@alice:hs"),
+            Some(Waiting::Question {
+                question_id: "q1".into()
+            })
+        );
+        assert!(waits.answer("q1", "blue", "@alice:hs"));
+        assert!(!waits.answer("q1", "again", "@alice:hs"), "answered once");
+        assert_eq!(waits.lookup("!r:hs", "@alice:hs"), None);
+        assert_eq!(
+            drain(&mut rx),
+            vec![ToAgent::Answer(Answer {
+                question_id: "q1".into(),
+                text: "blue".into(),
+                by: "@alice:hs".into()
+            })]
+        );
+    }
+
+    #[test]
+    fn repeated_approvals_are_coalesced_and_remembered_for_the_turn() {
+        let (link, mut rx) = test_handle();
+        let waits = Waits::default();
+        waits.add(wait(&link, "r1", Some(("write_file", "a.txt"))));
+        assert!(waits.coalesce("$turn", "write_file", "a.txt", "r2"));
+        assert!(!waits.coalesce("$turn", "write_file", "b.txt", "r3"));
+        assert!(!waits.coalesce("$other", "write_file", "a.txt", "r4"));
+        assert_eq!(
+            waits.lookup("!r:hs", "@alice:hs"),
+            Some(Waiting::Approval {
+                request_id: "r1".into()
+            })
+        );
+        assert!(waits.decide("r1", ApprovalChoice::AllowOnce, "@alice:hs"));
+        let ids: Vec<String> = drain(&mut rx)
+            .into_iter()
+            .map(|m| match m {
+                ToAgent::ApprovalDecision(d) => {
+                    assert_eq!(d.decision, ApprovalChoice::AllowOnce);
+                    d.request_id
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, vec!["r1", "r2"]);
+        assert_eq!(
+            waits.decided("$turn", "write_file", "a.txt"),
+            Some(ApprovalChoice::AllowOnce)
+        );
+        waits.turn_over("$turn");
+        assert_eq!(waits.decided("$turn", "write_file", "a.txt"), None);
+        assert!(!waits.decide("r1", ApprovalChoice::Deny, "@alice:hs"));
+    }
+}
