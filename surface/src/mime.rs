@@ -29,6 +29,7 @@ pub enum Kind {
 /// otherwise the `declared` type when it is well-formed, otherwise a guess from `name`'s
 /// extension, otherwise `application/octet-stream`.
 ///
+/// A declared `application/octet-stream` counts as no declaration.
 /// A sniffed type wins over a declared one that disagrees (callers may log the disagreement:
 /// see [`disagrees`]), except that a generic container (`application/zip`, OLE) does not
 /// override a declared type built on that container (`.docx`, `.odt`, `.epub`, `.xls`, ...).
@@ -42,7 +43,9 @@ pub fn reconcile(declared: Option<&str>, head: &[u8], name: &str) -> String {
             _ => sniffed.to_owned(),
         };
     }
-    if let Some(d) = declared {
+    // `application/octet-stream` declares nothing: clients send it for anything they do not
+    // recognize, so the name's extension says more.
+    if let Some(d) = declared.filter(|d| d != OCTET_STREAM) {
         return d;
     }
     mime_guess::from_path(name)
@@ -56,7 +59,7 @@ pub fn reconcile(declared: Option<&str>, head: &[u8], name: &str) -> String {
 pub fn disagrees(declared: Option<&str>, decided: &str) -> bool {
     declared
         .and_then(essence)
-        .is_some_and(|d| !d.eq_ignore_ascii_case(decided))
+        .is_some_and(|d| d != OCTET_STREAM && !d.eq_ignore_ascii_case(decided))
 }
 
 /// Width and height of an image from its first bytes, when the format is known.
@@ -163,6 +166,18 @@ mod tests {
             (Some("not a mime"), b"hello", "notes.md", "text/markdown"),
             (Some(""), b"a,b\n1,2", "t.csv", "text/csv"),
             (None, b"hello", "a.txt", "text/plain"),
+            (
+                Some("application/octet-stream"),
+                b"hello",
+                "a.txt",
+                "text/plain",
+            ),
+            (
+                Some("application/octet-stream"),
+                b"hello",
+                "noext",
+                OCTET_STREAM,
+            ),
             (None, b"hello", "noext", OCTET_STREAM),
             (None, b"", "", OCTET_STREAM),
         ];
@@ -181,6 +196,7 @@ mod tests {
         assert!(!disagrees(Some("IMAGE/PNG"), "image/png"));
         assert!(!disagrees(None, "image/png"));
         assert!(!disagrees(Some("garbage"), "image/png"));
+        assert!(!disagrees(Some("application/octet-stream"), "text/plain"));
     }
 
     #[test]
