@@ -260,6 +260,21 @@ impl Stack {
         out
     }
 
+    /// The turn the agent stored for Matrix event `event_id` (from its durable chat records
+    /// under `AGENT_STATE_DIR/chats/`): what the agent really received.
+    pub fn agent_turn(&self, event_id: &str) -> Option<serde_json::Value> {
+        let dir = self._dir.path().join("agent-state").join("chats");
+        std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+            let record: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+            record["turns"]
+                .as_array()?
+                .iter()
+                .find(|t| t["id"] == event_id)
+                .cloned()
+        })
+    }
+
     /// Prints both processes' logs (call when a test fails).
     pub fn dump(&self) {
         self.agent.dump();

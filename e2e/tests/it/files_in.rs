@@ -120,7 +120,10 @@ async fn each_media_kind_lands_in_the_inbox_and_the_agent_gets_its_path() {
             !name.starts_with('.') && !name.contains('\u{202e}'),
             "sanitized name {name:?}"
         );
-        assert!(rel.starts_with(&inbox) && !rel.contains(".."), "{rel}");
+        assert!(
+            rel.starts_with(&inbox) && !rel.split('/').any(|c| c == ".." || c == "."),
+            "{rel}"
+        );
 
         // The agent received that relative path and the same bytes.
         assert!(
@@ -131,13 +134,19 @@ async fn each_media_kind_lands_in_the_inbox_and_the_agent_gets_its_path() {
             text.contains(&digest),
             "reply has the agent's sha256 of the file: {text}"
         );
-        match case.caption {
-            Some(c) => assert!(text.contains(c), "caption passed on unchanged: {text}"),
-            None => assert!(
-                text.contains("User sent one or more attachments."),
-                "synthetic text: {text}"
-            ),
-        }
+        let turn = dm.stack.agent_turn(&id).expect("the agent stored the turn");
+        let expected_text = case.caption.unwrap_or("User sent one or more attachments.");
+        assert_eq!(
+            turn["text"], expected_text,
+            "text passed on unchanged or synthetic"
+        );
+        assert_eq!(
+            turn["attachments"],
+            serde_json::json!([rel]),
+            "exactly the relative path"
+        );
+        let info = &turn["attachment_info"][rel.as_str()];
+        assert_eq!(info["size"], case.bytes.len(), "{info}");
         if case.msgtype == "m.image" {
             assert!(text.contains("3x2"), "image dimensions: {text}");
         }
