@@ -2,6 +2,7 @@
 //! `agent` and `surface` binaries as child processes, and a Matrix user speaking the
 //! client-server API over HTTP.
 
+pub mod check;
 pub mod matrix;
 pub mod procs;
 
