@@ -28,6 +28,7 @@
 #   MXBRIDGE_DOCKER_CACHE    scratch/cache folder (default ~/.cache/mxbridge/docker-e2e)
 #   MXBRIDGE_E2E_KEEP=1      leave the stack running at the end (no `down -v`)
 #   MXBRIDGE_E2E_TIMEOUT     seconds per wait in the Matrix checks (default 120)
+#   MXBRIDGE_E2E_COMPOSE     compose command to use (default `docker compose`, else docker-compose)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -78,8 +79,11 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-# Compose v2 plugin if present, else docker-compose (1.29, Debian's package).
-if docker compose version >/dev/null 2>&1; then
+# Compose v2 plugin if present, else docker-compose (1.29, Debian's package);
+# MXBRIDGE_E2E_COMPOSE names another one (e.g. a standalone v2 binary).
+if [ -n "${MXBRIDGE_E2E_COMPOSE:-}" ]; then
+    read -r -a COMPOSE <<<"$MXBRIDGE_E2E_COMPOSE"
+elif docker compose version >/dev/null 2>&1; then
     COMPOSE=(docker compose)
 else
     command -v docker-compose >/dev/null 2>&1 || apt_install docker-compose
