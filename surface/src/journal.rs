@@ -336,6 +336,19 @@ impl Journal {
             .optional()?)
     }
 
+    /// The next event of `chat` waiting for its lane after arrival order `ord`.
+    pub fn next_pending_after(&self, chat: &ChatId, ord: i64) -> Result<Option<JournaledEvent>> {
+        let sql = format!(
+            "SELECT {} FROM events WHERE chat_id = ?1 AND state = 'pending' AND ord > ?2 \
+             ORDER BY ord LIMIT 1",
+            Self::EVENT_COLS
+        );
+        Ok(self
+            .conn()
+            .query_row(&sql, params![chat.as_str(), ord], Self::row_to_event)
+            .optional()?)
+    }
+
     /// How many events of `chat` wait for its lane.
     pub fn pending_count(&self, chat: &ChatId) -> Result<u64> {
         Ok(self.conn().query_row(
@@ -646,6 +659,9 @@ mod tests {
             assert_eq!(j.pending_count(&chat).unwrap(), 2);
             let first = j.next_pending(&chat).unwrap().unwrap();
             assert_eq!(first.event_id, "$1");
+            let after = j.next_pending_after(&chat, first.ord).unwrap().unwrap();
+            assert_eq!(after.event_id, "$3", "skipped events are not pending");
+            assert!(j.next_pending_after(&chat, after.ord).unwrap().is_none());
             assert_eq!(first.disposition, Disposition::Context);
             let cm = ContextMessage {
                 id: "$1".into(),

@@ -40,6 +40,10 @@ const RECOVERY_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// How long an `ask_user` question waits before it is answered "no reply".
 pub const QUESTION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// A text sent by the same user within this time after a file-only message is its caption.
+const CAPTION_WINDOW: Duration = Duration::from_secs(10);
+/// How long after a file-only message we give its caption to arrive.
+const CAPTION_SETTLE: Duration = Duration::from_secs(2);
 /// Synthetic text of a turn that only carries files.
 pub const ATTACHMENTS_ONLY_TEXT: &str = "User sent one or more attachments.";
 
@@ -395,7 +399,17 @@ impl Lane {
                         Vec::new()
                     }
                 };
-                let context_ids: Vec<String> = context.iter().map(|(id, _)| id.clone()).collect();
+                let mut context_ids: Vec<String> =
+                    context.iter().map(|(id, _)| id.clone()).collect();
+                let mut prepared = prepared;
+                if prepared.text.trim().is_empty()
+                    && !prepared.attachments.is_empty()
+                    && let Some((caption_id, caption)) = self.caption_for(&ev).await
+                {
+                    info!(caption_event_id = %caption_id, "file and caption become one turn");
+                    prepared.text = caption;
+                    context_ids.push(caption_id);
+                }
                 let msg = UserMessage {
                     seq: 0,
                     id: ev.event_id.clone(),
@@ -433,6 +447,39 @@ impl Lane {
             // Leave the event pending: it is retried, never dropped.
             error!(error = %e, "journal write failed; will retry");
             tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    /// A text message the same sender sent right after a file-only message: its caption, sent
+    /// as a second event by some clients. Returns its event id and text.
+    async fn caption_for(&self, file_ev: &JournaledEvent) -> Option<(String, String)> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let ready_at = file_ev
+            .origin_ts
+            .saturating_add(CAPTION_SETTLE.as_millis() as u64);
+        if now < ready_at {
+            let wait = Duration::from_millis(ready_at - now).min(CAPTION_SETTLE);
+            tokio::time::sleep(wait).await;
+        }
+        let next = self
+            .ctx
+            .journal
+            .next_pending_after(&self.chat.chat_id, file_ev.ord)
+            .ok()??;
+        let window = CAPTION_WINDOW.as_millis() as u64;
+        if next.sender != file_ev.sender
+            || next.origin_ts > file_ev.origin_ts.saturating_add(window)
+        {
+            return None;
+        }
+        let content: RoomMessageEventContent =
+            serde_json::from_str(next.content.as_deref()?).ok()?;
+        match content.msgtype {
+            MessageType::Text(t) if !t.body.trim().is_empty() => Some((next.event_id, t.body)),
+            _ => None,
         }
     }
 
@@ -930,5 +977,88 @@ async fn keep_typing(room: Room, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(3)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent_link::{drain, test_handle};
+
+    fn wait(link: &LinkHandle, id: &str, approval: Option<(&str, &str)>) -> Wait {
+        Wait {
+            room_id: "!r:hs".into(),
+            user_id: "@alice:hs".into(),
+            turn: "$turn".into(),
+            id: id.into(),
+            extra_request_ids: Vec::new(),
+            approval: approval.map(|(t, r)| (t.into(), r.into())),
+            link: link.clone(),
+        }
+    }
+
+    #[test]
+    fn questions_are_answered_once_by_the_asked_user() {
+        let (link, mut rx) = test_handle();
+        let waits = Waits::default();
+        waits.add(wait(&link, "q1", None));
+        assert_eq!(
+            waits.lookup("!r:hs", "@bob:hs"),
+            None,
+            "others are not asked"
+        );
+        assert_eq!(waits.lookup("!other:hs", "@alice:hs"), None);
+        assert_eq!(
+            waits.lookup("!r:hs", "@alice:hs"),
+            Some(Waiting::Question {
+                question_id: "q1".into()
+            })
+        );
+        assert!(waits.answer("q1", "blue", "@alice:hs"));
+        assert!(!waits.answer("q1", "again", "@alice:hs"), "answered once");
+        assert_eq!(waits.lookup("!r:hs", "@alice:hs"), None);
+        assert_eq!(
+            drain(&mut rx),
+            vec![ToAgent::Answer(Answer {
+                question_id: "q1".into(),
+                text: "blue".into(),
+                by: "@alice:hs".into()
+            })]
+        );
+    }
+
+    #[test]
+    fn repeated_approvals_are_coalesced_and_remembered_for_the_turn() {
+        let (link, mut rx) = test_handle();
+        let waits = Waits::default();
+        waits.add(wait(&link, "r1", Some(("write_file", "a.txt"))));
+        assert!(waits.coalesce("$turn", "write_file", "a.txt", "r2"));
+        assert!(!waits.coalesce("$turn", "write_file", "b.txt", "r3"));
+        assert!(!waits.coalesce("$other", "write_file", "a.txt", "r4"));
+        assert_eq!(
+            waits.lookup("!r:hs", "@alice:hs"),
+            Some(Waiting::Approval {
+                request_id: "r1".into()
+            })
+        );
+        assert!(waits.decide("r1", ApprovalChoice::AllowOnce, "@alice:hs"));
+        let ids: Vec<String> = drain(&mut rx)
+            .into_iter()
+            .map(|m| match m {
+                ToAgent::ApprovalDecision(d) => {
+                    assert_eq!(d.decision, ApprovalChoice::AllowOnce);
+                    d.request_id
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, vec!["r1", "r2"]);
+        assert_eq!(
+            waits.decided("$turn", "write_file", "a.txt"),
+            Some(ApprovalChoice::AllowOnce)
+        );
+        waits.turn_over("$turn");
+        assert_eq!(waits.decided("$turn", "write_file", "a.txt"), None);
+        assert!(!waits.decide("r1", ApprovalChoice::Deny, "@alice:hs"));
     }
 }
