@@ -187,7 +187,7 @@ mod tests {
         let c = matrix_id_component(&escaped_long);
         assert!(c.len() <= 200);
         assert!(
-            c.split('~').next().unwrap().len() % 3 == 0,
+            c.split('~').next().unwrap().len().is_multiple_of(3),
             "no half escape: {c}"
         );
         assert!(!matrix_id_component("").is_empty());

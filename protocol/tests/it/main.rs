@@ -1,5 +1,7 @@
 //! Every wire message against literal JSON, in both directions.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
 use std::collections::BTreeMap;
 
 use protocol::*;
