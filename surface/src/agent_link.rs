@@ -181,7 +181,7 @@ pub enum LinkEvent {
     Disconnected,
 }
 
-enum Outgoing {
+pub(crate) enum Outgoing {
     Msg(Box<ToAgent>),
     TurnsStored,
 }
@@ -217,6 +217,25 @@ impl LinkHandle {
         }
         let _ = self.out.send(Outgoing::Msg(Box::new(msg)));
     }
+}
+
+/// A handle whose messages land in the returned receiver (for tests of code that sends).
+#[cfg(test)]
+pub(crate) fn test_handle() -> (LinkHandle, mpsc::UnboundedReceiver<Outgoing>) {
+    let (out, rx) = mpsc::unbounded_channel();
+    (LinkHandle { out }, rx)
+}
+
+/// The non-turn messages sent through a [`test_handle`].
+#[cfg(test)]
+pub(crate) fn drain(rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Vec<ToAgent> {
+    let mut out = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        if let Outgoing::Msg(m) = o {
+            out.push(*m);
+        }
+    }
+    out
 }
 
 /// Starts the link task for `chat`. Events for the lane arrive on the returned receiver; the
