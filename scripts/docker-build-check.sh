@@ -40,7 +40,7 @@ trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/stub-bin"
 for b in agent surface; do
     [ -x "$BIN_DIR/$b" ] || { echo "no binary $BIN_DIR/$b" >&2; exit 1; }
-    cp "$BIN_DIR/$b" "$ctx/stub-bin/$b"
+    objcopy --strip-debug "$BIN_DIR/$b" "$ctx/stub-bin/$b" 2>/dev/null || cp "$BIN_DIR/$b" "$ctx/stub-bin/$b"
 done
 cat >"$ctx/cargo" <<'EOF'
 #!/bin/sh
@@ -81,5 +81,7 @@ for target in agent surface; do
     docker image inspect -f '{{.Config.User}} {{json .Config.Healthcheck.Test}}' "$img"
     docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$img"
 done
-for target in agent surface; do docker rmi "mxbridge-local/$target:dockerfile-check" >/dev/null 2>&1 || true; done
+for img in mxbridge-local/agent:dockerfile-check mxbridge-local/surface:dockerfile-check "$STUB_TAG"; do
+    docker rmi "$img" >/dev/null 2>&1 || true
+done
 echo "DOCKERFILE CHECK: PASSED"
