@@ -325,6 +325,7 @@ perm_vol="$PROJECT-permcheck"
 docker volume rm -f "$perm_vol" >/dev/null 2>&1 || true
 docker volume create "$perm_vol" >/dev/null
 perm_run() { docker run --rm --network none -v "$perm_vol:/workspace" "$1" sh -euc "$2"; }
+# shellcheck disable=SC2016 # the scripts run inside the containers
 perm_out="$(
     perm_run "$AGENT_TAG" 'test "$(id -u):$(id -g)" = 10001:10001; test "$(stat -c %u:%g /workspace)" = 10001:10001
         mkdir -p /workspace/chats/c && echo agent > /workspace/chats/c/a.txt; stat -c %a /workspace/chats/c/a.txt' &&
@@ -335,8 +336,9 @@ perm_out="$(
         cat /workspace/surfaces/matrix/u/r/inbox/f.txt; rm /workspace/surfaces/matrix/u/r/inbox/f.txt /workspace/chats/c/b.txt'
 )" || { docker volume rm -f "$perm_vol" >/dev/null; die "cross-container permission check failed: $perm_out"; }
 docker volume rm -f "$perm_vol" >/dev/null
-[ "$(echo $perm_out)" = "664 agent agent surface inbox agent2" ] \
-    || die "cross-container permission check: unexpected output: $(echo $perm_out)"
+perm_out="$(tr '\n' ' ' <<<"$perm_out")"
+[ "$perm_out" = "664 agent agent surface inbox agent2 " ] \
+    || die "cross-container permission check: unexpected output: $perm_out"
 say "ok: throwaway agent/surface containers share a fresh volume as 10001:10001 (files 664, umask 002)"
 phase "cross-container permission check"
 
