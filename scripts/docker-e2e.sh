@@ -105,7 +105,7 @@ dc() {
 }
 cid_of() { # the (possibly stopped) container of a compose service
     docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
-        --filter "label=com.docker.compose.service=$1" | head -n1
+        --filter "label=com.docker.compose.service=$1" | sed -n 1p
 }
 image_key() { docker image inspect -f '{{ index .Config.Labels "mxbridge.cache-key" }}' "$1" 2>/dev/null || true; }
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
@@ -274,7 +274,9 @@ SURFACE_RUST_LOG=info
 EOF
 
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 # prebuilt.Dockerfile needs no BuildKit
-dc config -q || die "compose config does not validate"
+dc config -q || die "compose config (compose.yaml + compose.local.yaml) does not validate"
+"${COMPOSE[@]}" --env-file "$REPO/.env.example" -p "$PROJECT" -f "$REPO/compose.yaml" --profile element config -q \
+    || die "compose.yaml with .env.example does not validate"
 dc down -v --remove-orphans >/dev/null 2>&1 || true # leftovers of an interrupted run
 
 FAILED=1
@@ -411,7 +413,7 @@ ok "agent and surface containers see the exact bytes (sha256 match; owner/mode $
 ev="$(chk send "note x.txt hello")"
 got="$(chk wait-file "$ev" x.txt "$WORK/x.txt")"
 if [ "$(cat "$WORK/x.txt")" != hello ]; then
-    die "x.txt downloaded from the room holds $(od -c "$WORK/x.txt" | head -3), want 'hello'"
+    die "x.txt downloaded from the room holds $(od -c "$WORK/x.txt" | sed -n 1,3p), want 'hello'"
 fi
 agent_copy="$(dc exec -T surface sh -c 'cat /workspace/chats/*/x.txt')"
 [ "$agent_copy" = hello ] || die "the surface container does not see chats/*/x.txt with 'hello'"
@@ -432,7 +434,8 @@ dc restart agent >/dev/null 2>&1
 wait_healthy 180 agent surface
 say "agent and surface healthy again"
 ev="$(chk send "history")"
-hist="$(chk wait-text "$ev" "earlier turn(s)" | head -n1)"
+hist="$(chk wait-text "$ev" "earlier turn(s)")"
+hist="${hist%%$'\n'*}" # first line (no `| head`: SIGPIPE would fail the writer under pipefail)
 say "history after agent restart: $hist"
 # Three turns so far (the file, the note, the message after the surface restart), one attachment.
 [[ "$hist" =~ has\ ([0-9]+)\ earlier\ turn.*\ ([0-9]+)\ attachment ]] \
