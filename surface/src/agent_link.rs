@@ -432,7 +432,14 @@ async fn pump(
                     return PumpEnd::Reconnect(e.to_string());
                 }
             }
-            _ = &mut idle => return PumpEnd::Reconnect("no frame from the agent for 90 s".into()),
+            _ = &mut idle => {
+                // Pings and pongs do not surface from `recv`, but they prove the agent alive.
+                let quiet_until = conn.last_frame() + IDLE_TIMEOUT;
+                if quiet_until <= std::time::Instant::now() {
+                    return PumpEnd::Reconnect("no frame from the agent for 90 s".into());
+                }
+                idle.as_mut().reset(quiet_until.into());
+            }
             incoming = conn.recv() => {
                 idle.as_mut().reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
                 match incoming {

@@ -1,7 +1,7 @@
 //! One typed WebSocket connection to the agent: `send(&ToAgent)` and `recv() -> ToSurface`.
 //! Nothing else in the surface sees raw frames.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use protocol::{ChatId, MAX_MESSAGE_BYTES, ToAgent, ToSurface};
@@ -60,6 +60,9 @@ pub fn chat_url(base: &Url, chat: &ChatId) -> Result<Url, ConnectionError> {
 #[derive(Debug)]
 pub struct Connection {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// When the last frame of any kind (pings and pongs included) arrived: the agent's
+    /// keepalive pings prove it is alive even when no message is due.
+    last_frame: Instant,
 }
 
 impl Connection {
@@ -90,7 +93,15 @@ impl Connection {
             }
             Ok(r) => r?,
         };
-        Ok(Self { ws })
+        Ok(Self {
+            ws,
+            last_frame: Instant::now(),
+        })
+    }
+
+    /// When the last frame arrived (or the connection was made).
+    pub fn last_frame(&self) -> Instant {
+        self.last_frame
     }
 
     /// Sends one message as a text frame.
@@ -113,7 +124,9 @@ impl Connection {
             let Some(frame) = self.ws.next().await else {
                 return Ok(None);
             };
-            match frame? {
+            let frame = frame?;
+            self.last_frame = Instant::now();
+            match frame {
                 Message::Text(text) => match serde_json::from_str::<ToSurface>(text.as_str()) {
                     Ok(ToSurface::Unknown) => {
                         tracing::warn!(
