@@ -328,7 +328,9 @@ async fn run(
             conn.close().await;
             return;
         }
-        let mut sent_upto = welcome.last_seq;
+        // Unended turns the agent already has are resent too: its duplicate ack tells the lane
+        // to expect the stored answer again (the old connection may have lost it).
+        let mut sent_upto = 0;
         let ended = pump(
             &mut conn,
             &chat,
