@@ -643,33 +643,43 @@ impl Lane {
         };
         // True when the agent already had this turn before this connection: its end may have
         // been lost with the old connection (the protocol has no "turn finished" query yet).
-        let mut recovering = false;
+        // While recovering, a fixed deadline: reconnects of the link must not extend it, or a
+        // lost end blocks the chat for good.
+        let mut recovering: Option<tokio::time::Instant> = None;
+        let recover = |r: &mut Option<tokio::time::Instant>| {
+            r.get_or_insert_with(|| tokio::time::Instant::now() + RECOVERY_IDLE_TIMEOUT);
+        };
         let outcome = loop {
-            let idle = if recovering {
-                RECOVERY_IDLE_TIMEOUT
-            } else {
-                TURN_IDLE_TIMEOUT
-            };
+            let deadline =
+                recovering.unwrap_or_else(|| tokio::time::Instant::now() + TURN_IDLE_TIMEOUT);
             let ev = tokio::select! {
                 _ = self.ctx.shutdown.cancelled() => break TurnOutcome::Interrupted,
-                r = tokio::time::timeout(idle, self.events.recv()) => r,
+                r = tokio::time::timeout_at(deadline, self.events.recv()) => r,
             };
             let m = match ev {
-                Err(_) if recovering => break TurnOutcome::Lost,
+                Err(_) if recovering.is_some() => break TurnOutcome::Lost,
                 Err(_) => break TurnOutcome::Timeout,
                 Ok(None) => break TurnOutcome::Interrupted,
                 Ok(Some(LinkEvent::Connected { last_seq })) => {
                     debug!(last_seq, "link (re)connected during turn");
-                    recovering = last_seq >= msg.seq;
+                    if last_seq >= msg.seq {
+                        recover(&mut recovering);
+                    }
                     continue;
                 }
                 Ok(Some(LinkEvent::Disconnected)) => continue,
                 Ok(Some(LinkEvent::Message(m))) => m,
             };
+            if turn_of(&m) == Some(turn.turn.as_str()) {
+                // The agent is answering this turn (again): the normal idle limit applies.
+                recovering = None;
+            }
             match m {
                 ToSurface::Ack(a) if a.seq == msg.seq => {
                     debug!(duplicate = a.duplicate, "turn acked");
-                    recovering |= a.duplicate;
+                    if a.duplicate {
+                        recover(&mut recovering);
+                    }
                 }
                 ToSurface::End(e) if e.turn == turn.turn => {
                     self.flush(&mut turn).await;
@@ -958,6 +968,20 @@ struct Turn {
     out_index: u32,
     text: String,
     tool_calls: HashMap<String, (String, String)>,
+}
+
+/// The turn an agent message belongs to, for messages that belong to one.
+fn turn_of(m: &ToSurface) -> Option<&str> {
+    match m {
+        ToSurface::TextChunk(t) => Some(&t.turn),
+        ToSurface::ToolCallChunk(c) => Some(&c.turn),
+        ToSurface::ToolResult(r) => Some(&r.turn),
+        ToSurface::SendFile(f) => Some(&f.turn),
+        ToSurface::ApprovalRequest(r) => Some(&r.turn),
+        ToSurface::AskUser(q) => Some(&q.turn),
+        ToSurface::End(e) => Some(&e.turn),
+        _ => None,
+    }
 }
 
 enum TurnOutcome {
