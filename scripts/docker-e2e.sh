@@ -387,8 +387,8 @@ ok "register step ran; alice opened a DM and the bot joined"
 
 # Cross-container permissions on the shared volume: the surface writes, the agent reads and
 # appends, the surface reads the result; both run as 10001:10001.
-dc exec -T surface sh -c 'id -u; id -g; echo from-surface > /workspace/.e2e-perm-probe' | tr '\n' ' ' | grep -qx '10001 10001 ' \
-    || die "surface does not run as 10001:10001"
+ids="$(dc exec -T surface sh -c 'echo "$(id -u):$(id -g)"; echo from-surface > /workspace/.e2e-perm-probe')"
+[ "$(tr -d '\r' <<<"$ids")" = 10001:10001 ] || die "surface runs as $ids, not 10001:10001"
 dc exec -T agent sh -c 'cat /workspace/.e2e-perm-probe && echo from-agent >> /workspace/.e2e-perm-probe' >/dev/null \
     || die "the agent cannot read+write a file the surface created"
 [ "$(dc exec -T surface cat /workspace/.e2e-perm-probe | tr -d '\r')" = "$(printf 'from-surface\nfrom-agent')" ] \
