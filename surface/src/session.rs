@@ -110,6 +110,9 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
     let store = state.join("matrix-store");
     let client = Client::builder()
         .homeserver_url(config.homeserver_url.as_str())
+        // Keep talking to the configured URL: a homeserver's advertised `public_baseurl` (e.g.
+        // `http://localhost:8008`) is often unreachable from inside a container.
+        .respect_login_well_known(false)
         .sqlite_store(&store, None)
         .build()
         .await?;

@@ -193,7 +193,11 @@ pub async fn catch_up_all(ctx: &Ctx) {
 
 /// Runs the sync loop until shutdown.
 pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
-    let settings = SyncSettings::default().timeout(Duration::from_secs(30));
+    // The first sync returns at once (no long-poll), so a restarted bot is ready without waiting
+    // for traffic; later syncs long-poll.
+    let settings = SyncSettings::default()
+        .timeout(Duration::from_secs(30))
+        .ignore_timeout_on_first_sync(true);
     let ready_logged = std::sync::atomic::AtomicBool::new(false);
     let ctx2 = ctx.clone();
     let sync = ctx.client.sync_with_result_callback(settings, |result| {
