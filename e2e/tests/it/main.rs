@@ -148,3 +148,68 @@ async fn text_only_message_passes_unchanged_and_reply_is_threaded() {
             .all(|f| !f.contains("/inbox/"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_turn_in_one_chat_does_not_delay_another() {
+    let dm = Dm::start(StackOptions::default()).await;
+    // A second user with their own DM to the same bot.
+    let other = dm
+        .hs
+        .register(&e2e::unique("user"), false)
+        .await
+        .expect("register");
+    let room2 = other
+        .create_room(&[&dm.stack.bot.user_id], true)
+        .await
+        .expect("room");
+    let bot = dm.stack.bot.user_id.clone();
+    eventually(TURN, "the bot to join the second DM", || {
+        let (other, room2, bot) = (other.clone(), room2.clone(), bot.clone());
+        async move {
+            other
+                .joined_members(&room2)
+                .await
+                .ok()?
+                .contains(&bot)
+                .then_some(())
+        }
+    })
+    .await;
+
+    // A 20 s turn in the first chat, then a message queued behind it and one in the other chat.
+    let slow = dm.user.send_text(&dm.room, "sleep 20000").await.unwrap();
+    let queued = dm
+        .user
+        .send_text(&dm.room, "after the sleep")
+        .await
+        .unwrap();
+    let fast = other
+        .send_text(&room2, "hello from the other room")
+        .await
+        .unwrap();
+
+    // The other chat is answered while the slow turn is still running.
+    eventually(TURN, "the other chat's reply", || async {
+        let msgs = other.messages_from(&room2, &bot).await.ok()?;
+        msgs.into_iter().find(|e| in_thread(e, &fast))
+    })
+    .await;
+    assert!(
+        dm.bot_thread(&slow).await.is_empty(),
+        "the slow turn was still running"
+    );
+
+    // The queued message is answered after the slow one, in order.
+    dm.wait_thread(&queued, 1, "the queued message's reply")
+        .await;
+    let all = dm.user.messages_from(&dm.room, &bot).await.unwrap();
+    let pos = |root: &str| all.iter().position(|e| in_thread(e, root));
+    let (slow_at, queued_at) = (
+        pos(&slow).expect("slow reply"),
+        pos(&queued).expect("queued reply"),
+    );
+    assert!(
+        slow_at < queued_at,
+        "replies in order: slow at {slow_at}, queued at {queued_at}"
+    );
+}
