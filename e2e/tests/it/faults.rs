@@ -49,6 +49,8 @@ enum Fault {
 struct Restart {
     what: &'static str,
     at_ms: u64,
+    /// Since the chaos started, to find it in the printed schedule.
+    t: Duration,
 }
 
 fn now_ms() -> u64 {
@@ -169,6 +171,7 @@ async fn chaos(stack: &mut Stack, rng: &mut StdRng, window: Duration) -> Vec<Res
                 restarts.push(Restart {
                     what: "surface",
                     at_ms: now_ms(),
+                    t: start.elapsed(),
                 });
             }
             Fault::KillAgent => {
@@ -183,6 +186,7 @@ async fn chaos(stack: &mut Stack, rng: &mut StdRng, window: Duration) -> Vec<Res
                 restarts.push(Restart {
                     what: "agent",
                     at_ms: now_ms(),
+                    t: start.elapsed(),
                 });
             }
             Fault::PauseSynapse => {
@@ -197,6 +201,7 @@ async fn chaos(stack: &mut Stack, rng: &mut StdRng, window: Duration) -> Vec<Res
                 restarts.push(Restart {
                     what: "synapse",
                     at_ms: now_ms(),
+                    t: start.elapsed(),
                 });
             }
         }
@@ -348,12 +353,12 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     let report = check::check(&timelines);
 
     // Recovery: from each restart to the first reply after it.
-    let mut longest = (0u64, "none");
+    let mut longest = (0u64, "none", Duration::ZERO);
     for r in &restarts {
         let first = reply_ts.iter().find(|&&t| t >= r.at_ms).copied();
         let took = first.map_or(u64::MAX, |t| t - r.at_ms);
         if took >= longest.0 {
-            longest = (took, r.what);
+            longest = (took, r.what, r.t);
         }
     }
 
@@ -384,7 +389,7 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
         report.summary()
     );
     println!(
-        "faults: seed={seed} files={files} file_problems={} stray_replies={} latency_ms p50={} p99={} max={} longest_recovery_ms={} ({})",
+        "faults: seed={seed} files={files} file_problems={} stray_replies={} latency_ms p50={} p99={} max={} longest_recovery_ms={} ({} restart at t={:?})",
         file_problems.len(),
         report.stray.len(),
         percentile(&latencies, 0.5),
@@ -396,15 +401,14 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
             longest.0.to_string()
         },
         longest.1,
+        longest.2,
     );
 
-    if !report.is_clean() || !file_problems.is_empty() {
-        let keep = std::env::temp_dir().join(format!("mxbridge-faults-{seed}"));
-        let _ = std::fs::create_dir_all(&keep);
-        let _ = std::fs::write(keep.join("surface.log"), stack.surface.log());
-        let _ = std::fs::write(keep.join("agent.log"), stack.agent.log());
-        eprintln!("faults: full logs kept in {}", keep.display());
-    }
+    let keep = std::env::temp_dir().join(format!("mxbridge-faults-{seed}"));
+    let _ = std::fs::create_dir_all(&keep);
+    let _ = std::fs::write(keep.join("surface.log"), stack.surface.log());
+    let _ = std::fs::write(keep.join("agent.log"), stack.agent.log());
+    eprintln!("faults: full logs kept in {}", keep.display());
     assert!(
         report.is_clean(),
         "delivery broken (seed {seed}): {}; first lost {:?} duplicated {:?} out of order {:?}",
