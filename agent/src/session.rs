@@ -2,13 +2,13 @@
 //! connection) and the driver of one connection: handshake, admission of turns (stored, then
 //! acknowledged), replies, and the worker that runs the chat's turns one at a time, in order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::ws::WebSocket;
 use protocol::{
-    Ack, ChatId, End, EndStatus, ErrorCode, Hello, PROTOCOL_VERSION, Sentinel, ToAgent,
+    Ack, ChatId, End, EndStatus, ErrorCode, Hello, PROTOCOL_VERSION, Sentinel, TextChunk, ToAgent,
     UserMessage, Welcome, WorkspaceCheck, WorkspacePath,
 };
 use tokio::sync::mpsc;
@@ -174,6 +174,15 @@ impl Chat {
         ))
     }
 
+    /// The stored turn `id` if it has finished (its answer can be replayed).
+    async fn finished(&self, id: &str) -> Option<TurnRecord> {
+        let record = self.record.lock().await;
+        record
+            .turn(id)
+            .filter(|t| t.status != TurnStatus::Pending)
+            .cloned()
+    }
+
     /// Records how a turn ended.
     pub async fn finish(
         &self,
@@ -317,7 +326,7 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
                     .await;
             }
             ToAgent::UserMessage(m) => match admit(&chat, &out, &m).await {
-                Next::Run => {
+                Next::Run | Next::Replay => {
                     let _ = turns_tx.send(m.id);
                 }
                 Next::Skip => {}
@@ -400,6 +409,8 @@ async fn handshake(
 enum Next {
     /// Queue the turn.
     Run,
+    /// A resend of a stored turn: queue it so a finished one has its answer sent again.
+    Replay,
     /// Nothing more to do (duplicate or refused).
     Skip,
     /// End the connection (nothing could be stored).
@@ -442,7 +453,7 @@ async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> Next {
                 // Stored but not acknowledged: it runs on the next connection.
                 return Next::Disconnect;
             }
-            if duplicate { Next::Skip } else { Next::Run }
+            if duplicate { Next::Replay } else { Next::Run }
         }
         Err(e) => {
             // Without durable storage nothing may be acknowledged: the surface will resend.
@@ -496,6 +507,8 @@ async fn turn_worker(
     cancel: CancellationToken,
     running: Running,
 ) {
+    // A turn resumed at connect and resent by the surface is queued twice: run it once.
+    let mut seen = HashSet::new();
     loop {
         let id = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -504,6 +517,9 @@ async fn turn_worker(
                 None => return,
             },
         };
+        if !seen.insert(id.clone()) {
+            continue;
+        }
         let _lane = tokio::select! {
             _ = cancel.cancelled() => return,
             guard = chat.lane.lock() => guard,
@@ -522,6 +538,7 @@ async fn run_turn(
     running: &Running,
 ) {
     let Some((turn, history, room_id)) = chat.begin(id).await else {
+        replay(chat, link, id).await;
         return;
     };
     info!(
@@ -573,17 +590,58 @@ async fn run_turn(
     {
         error!(error = %e, "cannot record the end of the turn");
     }
-    let end_status = match status {
-        TurnStatus::Completed | TurnStatus::Pending => EndStatus::Completed,
-        TurnStatus::Failed => EndStatus::Failed,
-        TurnStatus::Cancelled => EndStatus::Cancelled,
-    };
+    let end_status = end_status(status);
     info!(status = ?end_status, "turn ends");
     let _ = link
         .emit(End {
             turn: id.to_owned(),
             status: end_status,
             error,
+        })
+        .await;
+}
+
+fn end_status(status: TurnStatus) -> EndStatus {
+    match status {
+        TurnStatus::Completed | TurnStatus::Pending => EndStatus::Completed,
+        TurnStatus::Failed => EndStatus::Failed,
+        TurnStatus::Cancelled => EndStatus::Cancelled,
+    }
+}
+
+/// Largest text chunk of a replayed answer, well below the message size limit.
+const REPLAY_CHUNK: usize = 16 * 1024;
+
+/// Sends the stored answer of a finished turn again. The surface resends turns it never saw
+/// end (the connection that carried the answer may have died with it); its sends are
+/// idempotent per turn and output index, so a repeated answer is not posted twice.
+/// Files the turn sent are not sent again.
+async fn replay(chat: &Chat, link: &Link, id: &str) {
+    let Some(turn) = chat.finished(id).await else {
+        return;
+    };
+    info!(status = ?turn.status, "replaying the stored answer of a finished turn");
+    let mut rest = turn.output.as_str();
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(REPLAY_CHUNK);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        let chunk = TextChunk {
+            turn: id.to_owned(),
+            text: piece.to_owned(),
+        };
+        if link.emit(chunk).await.is_err() {
+            return;
+        }
+    }
+    let _ = link
+        .emit(End {
+            turn: id.to_owned(),
+            status: end_status(turn.status),
+            error: turn.error,
         })
         .await;
 }

@@ -274,6 +274,29 @@ async fn duplicates_are_acked_and_not_run_again() {
 }
 
 #[tokio::test]
+async fn a_finished_turn_resent_on_a_new_connection_replays_its_answer() {
+    let agent = TestAgent::start().await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let first = c.turn(message(1, "$m1", "hello agent")).await;
+    drop(c);
+    // The surface never saw that end (its connection died): it resends the turn.
+    let (mut c, welcome) = agent.connect(&chat()).await;
+    assert_eq!(welcome.last_seq, 1);
+    let ack = c.submit(message(1, "$m1", "hello agent")).await;
+    assert!(ack.duplicate);
+    let again = c.until_end("$m1").await;
+    assert_eq!(
+        again.text(),
+        first.text(),
+        "the stored answer, not a new run"
+    );
+    assert_eq!(again.end().status, EndStatus::Completed);
+    // It did not run again: the next turn sees one earlier turn.
+    let t = c.turn(message(2, "$m2", "history")).await;
+    assert!(t.text().contains("1 earlier turn(s)"), "{}", t.text());
+}
+
+#[tokio::test]
 async fn turns_run_in_order_and_cancel_stops_one() {
     let agent = TestAgent::start().await;
     let (mut c, _) = agent.connect(&chat()).await;
