@@ -31,6 +31,21 @@ where
     }
 }
 
+/// Creates a direct chat between `user` and `bot` and waits until the bot has joined it.
+pub async fn open_dm(user: &User, bot: &str, timeout: Duration) -> String {
+    let room = user.create_room(&[bot], true).await.expect("create room");
+    eventually(timeout, "the bot to join the DM", || async {
+        user.joined_members(&room)
+            .await
+            .ok()?
+            .iter()
+            .any(|m| m == bot)
+            .then_some(())
+    })
+    .await;
+    room
+}
+
 /// Hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;

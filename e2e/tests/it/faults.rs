@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::check::{self, BotMessage, RoomTimeline};
 use e2e::matrix::Event;
-use e2e::{Homeserver, Stack, StackOptions, User, eventually, sha256_hex};
+use e2e::{Homeserver, Stack, StackOptions, User, sha256_hex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -265,21 +265,8 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
             .register(&e2e::unique("fuser"), false)
             .await
             .expect("register user");
-        let room = user.create_room(&[&bot], true).await.expect("create room");
+        let room = e2e::open_dm(&user, &bot, TURN).await;
         rooms.push((user, room));
-    }
-    for (user, room) in &rooms {
-        eventually(TURN, "the bot to join the DM", || {
-            let (user, room, bot) = (user.clone(), room.clone(), bot.clone());
-            async move {
-                user.joined_members(&room)
-                    .await
-                    .ok()?
-                    .contains(&bot)
-                    .then_some(())
-            }
-        })
-        .await;
     }
 
     let start = Instant::now();

@@ -38,22 +38,7 @@ impl Dm {
             .register(&e2e::unique("user"), true)
             .await
             .expect("register user");
-        let room = user
-            .create_room(&[&stack.bot.user_id], true)
-            .await
-            .expect("create room");
-        let bot = stack.bot.user_id.clone();
-        eventually(TURN, "the bot to join the DM", || {
-            let (user, room, bot) = (user.clone(), room.clone(), bot.clone());
-            async move {
-                user.joined_members(&room)
-                    .await
-                    .ok()?
-                    .contains(&bot)
-                    .then_some(())
-            }
-        })
-        .await;
+        let room = e2e::open_dm(&user, &stack.bot.user_id, TURN).await;
         Self {
             hs,
             stack,
@@ -158,23 +143,8 @@ async fn a_slow_turn_in_one_chat_does_not_delay_another() {
         .register(&e2e::unique("user"), false)
         .await
         .expect("register");
-    let room2 = other
-        .create_room(&[&dm.stack.bot.user_id], true)
-        .await
-        .expect("room");
+    let room2 = e2e::open_dm(&other, &dm.stack.bot.user_id, TURN).await;
     let bot = dm.stack.bot.user_id.clone();
-    eventually(TURN, "the bot to join the second DM", || {
-        let (other, room2, bot) = (other.clone(), room2.clone(), bot.clone());
-        async move {
-            other
-                .joined_members(&room2)
-                .await
-                .ok()?
-                .contains(&bot)
-                .then_some(())
-        }
-    })
-    .await;
 
     // A 20 s turn in the first chat, then a message queued behind it and one in the other chat.
     let slow = dm.user.send_text(&dm.room, "sleep 20000").await.unwrap();
