@@ -6,6 +6,9 @@
 #   scripts/synapse.sh install          # create/reuse the virtualenv
 #   scripts/synapse.sh start DIR PORT   # config + data in DIR; prints export lines for the tests
 #   scripts/synapse.sh stop DIR
+#
+# SYNAPSE_RC_MESSAGE (a YAML flow mapping, e.g. '{per_second: 0.5, burst_count: 3}') replaces the
+# fast message rate limit, for tests that need the homeserver to answer 429.
 set -euo pipefail
 
 SYNAPSE_VERSION="${SYNAPSE_VERSION:-1.163.2}"
@@ -72,7 +75,7 @@ enable_authenticated_media: true
 max_upload_size: 512M
 url_preview_enabled: false
 presence: {enabled: false}
-rc_message: $fast
+rc_message: ${SYNAPSE_RC_MESSAGE:-$fast}
 rc_registration: $fast
 rc_login:
   address: $fast
