@@ -2,7 +2,7 @@
 //! shared secret against the test homeserver.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hmac::{KeyInit, Mac};
@@ -30,10 +30,19 @@ impl Homeserver {
                 panic!("{k} is not set: run the end-to-end tests through scripts/test.sh, which starts Synapse")
             })
         };
+        Self::new(
+            get("E2E_HOMESERVER_URL"),
+            get("E2E_SERVER_NAME"),
+            get("E2E_REGISTRATION_SECRET"),
+        )
+    }
+
+    /// A homeserver at `url` whose admin registration uses the shared `secret`.
+    pub fn new(url: String, server_name: String, secret: String) -> Self {
         Self {
-            url: get("E2E_HOMESERVER_URL"),
-            server_name: get("E2E_SERVER_NAME"),
-            secret: get("E2E_REGISTRATION_SECRET"),
+            url,
+            server_name,
+            secret,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(600))
                 .build()
@@ -112,29 +121,26 @@ impl User {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value> {
-        for _ in 0..20 {
+        // Only a request that never reached the server may be repeated when it is not
+        // idempotent; a PUT carries its transaction id, so repeating it cannot post twice.
+        let replay = if method == reqwest::Method::POST {
+            Replay::IfUnsent
+        } else {
+            Replay::Always
+        };
+        let url = self.url(path);
+        send_patiently(&format!("{method} {path}"), replay, || {
             let mut req = self
                 .hs
                 .http
-                .request(method.clone(), self.url(path))
+                .request(method.clone(), &url)
                 .bearer_auth(&self.token);
             if let Some(b) = &body {
                 req = req.json(b);
             }
-            let resp = req.send().await?;
-            let status = resp.status();
-            let v: Value = resp.json().await.unwrap_or(Value::Null);
-            if status.as_u16() == 429 {
-                let ms = v["retry_after_ms"].as_u64().unwrap_or(500);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                continue;
-            }
-            if !status.is_success() {
-                bail!("{method} {path}: {status} {v}");
-            }
-            return Ok(v);
-        }
-        bail!("{method} {path}: rate limited too long")
+            Ok(req)
+        })
+        .await
     }
 
     /// Creates a private room, inviting `invite`; `direct` marks it as a DM.
@@ -164,7 +170,9 @@ impl User {
             .unwrap_or_default())
     }
 
-    /// Sends an `m.room.message` and returns its event id.
+    /// Sends an `m.room.message` and returns its event id. Waits out a homeserver that is
+    /// briefly down, restarting or rate limiting; every attempt carries the same transaction id,
+    /// so a retry after a lost response cannot post the message twice.
     pub async fn send(&self, room: &str, content: Value) -> Result<String> {
         let txn = crate::unique("t");
         let v = self
@@ -183,42 +191,44 @@ impl User {
             .await
     }
 
-    /// Uploads a file from disk, streamed, and returns its `mxc://` URI.
+    /// Uploads a file from disk, streamed, and returns its `mxc://` URI. Waits out a homeserver
+    /// that is briefly down (a repeated upload only leaves an unused copy behind).
     pub async fn upload_path(&self, path: &Path, content_type: &str) -> Result<String> {
-        let file = tokio::fs::File::open(path).await?;
-        let len = file.metadata().await?.len();
-        let body =
-            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(file, 1 << 16));
-        self.upload_body(body, len, content_type).await
+        let len = std::fs::metadata(path)?.len();
+        self.upload_with(len, content_type, || {
+            let file = tokio::fs::File::from_std(std::fs::File::open(path)?);
+            Ok(reqwest::Body::wrap_stream(
+                tokio_util::io::ReaderStream::with_capacity(file, 1 << 16),
+            ))
+        })
+        .await
     }
 
-    /// Uploads bytes and returns the `mxc://` URI.
+    /// Uploads bytes and returns the `mxc://` URI; waits out a homeserver that is briefly down.
     pub async fn upload(&self, bytes: Vec<u8>, content_type: &str) -> Result<String> {
         let len = bytes.len() as u64;
-        self.upload_body(bytes.into(), len, content_type).await
+        self.upload_with(len, content_type, || Ok(bytes.clone().into()))
+            .await
     }
 
-    async fn upload_body(
+    async fn upload_with(
         &self,
-        body: reqwest::Body,
         len: u64,
         content_type: &str,
+        mut body: impl FnMut() -> Result<reqwest::Body>,
     ) -> Result<String> {
-        let resp = self
-            .hs
-            .http
-            .post(format!("{}/_matrix/media/v3/upload", self.hs.url))
-            .bearer_auth(&self.token)
-            .header("content-type", content_type)
-            .header("content-length", len)
-            .body(body)
-            .send()
-            .await?;
-        let status = resp.status();
-        let v: Value = resp.json().await?;
-        if !status.is_success() {
-            bail!("upload: {status} {v}");
-        }
+        let url = format!("{}/_matrix/media/v3/upload", self.hs.url);
+        let v = send_patiently("upload", Replay::Always, || {
+            Ok(self
+                .hs
+                .http
+                .post(&url)
+                .bearer_auth(&self.token)
+                .header("content-type", content_type)
+                .header("content-length", len)
+                .body(body()?))
+        })
+        .await?;
         Ok(v["content_uri"].as_str().context("content_uri")?.to_owned())
     }
 
@@ -310,6 +320,69 @@ impl User {
             .into_iter()
             .filter(|e| e["sender"] == sender)
             .collect())
+    }
+}
+
+/// How long a request keeps being retried while the homeserver is unreachable, restarting or
+/// rate limiting: longer than a Synapse restart takes on a slow machine.
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Which failed requests [`send_patiently`] may send again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// Any transport failure: the request is idempotent (GET, a PUT with a transaction id) or
+    /// harmless to repeat.
+    Always,
+    /// Only when the connection was never made, so the server cannot have seen the request.
+    IfUnsent,
+}
+
+/// Sends the request `make` builds and returns its JSON answer, retrying (with a fresh request
+/// from `make`) while the homeserver refuses connections, answers 502/503/504, or answers 429
+/// (after its `retry_after_ms`), for up to [`OUTAGE_PATIENCE`]. Other errors fail at once.
+async fn send_patiently(
+    what: &str,
+    replay: Replay,
+    mut make: impl FnMut() -> Result<reqwest::RequestBuilder>,
+) -> Result<Value> {
+    let deadline = Instant::now() + OUTAGE_PATIENCE;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let (wait, why) = match make()?.send().await {
+            Err(e) if e.is_connect() || replay == Replay::Always => (backoff, e.to_string()),
+            Err(e) => return Err(e).with_context(|| what.to_owned()),
+            Ok(resp) => {
+                let status = resp.status();
+                let bytes = resp.bytes().await;
+                let v: Value = bytes
+                    .as_ref()
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(b).ok())
+                    .unwrap_or(Value::Null);
+                match status.as_u16() {
+                    429 => (
+                        Duration::from_millis(v["retry_after_ms"].as_u64().unwrap_or(500)),
+                        format!("{status} {v}"),
+                    ),
+                    502..=504 => (backoff, format!("{status}")),
+                    _ if !status.is_success() => bail!("{what}: {status} {v}"),
+                    // The server did it but the answer was lost on the way.
+                    _ if bytes.is_err() && replay == Replay::Always => {
+                        (backoff, format!("{status}, body lost"))
+                    }
+                    _ => {
+                        let bytes = bytes.with_context(|| format!("{what}: {status}"))?;
+                        return serde_json::from_slice(&bytes)
+                            .with_context(|| format!("{what}: {status}, not JSON"));
+                    }
+                }
+            }
+        };
+        if Instant::now() + wait > deadline {
+            bail!("{what}: homeserver still unavailable after {OUTAGE_PATIENCE:?}: {why}");
+        }
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 
