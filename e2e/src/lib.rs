@@ -1,16 +1,18 @@
-//! Harness for the end-to-end tests: a real Synapse (started by `scripts/synapse.sh`), the real
-//! `agent` and `surface` binaries as child processes, and a Matrix user speaking the
-//! client-server API over HTTP.
+//! Harness for the end-to-end tests: a real Synapse (started by `scripts/synapse.sh`, shared by
+//! the suite or a [`DedicatedSynapse`] of one test), the real `agent` and `surface` binaries as
+//! child processes, and a Matrix user speaking the client-server API over HTTP.
 
 pub mod check;
 pub mod matrix;
 pub mod procs;
+pub mod synapse;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use matrix::{Homeserver, User};
 pub use procs::{Child, Stack, StackOptions};
+pub use synapse::DedicatedSynapse;
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
