@@ -1,6 +1,7 @@
 //! Delivery under faults: hundreds of messages in several rooms while the surface and the agent
-//! are SIGKILLed at random moments and Synapse is paused; afterwards every message has exactly
-//! one reply, in order per room, and every file is in the inbox exactly once.
+//! are SIGKILLed at random moments and the test's own Synapse is once paused (SIGSTOP) and once
+//! shut down and started again; afterwards every message has exactly one reply, in order per
+//! room, and every file is in the inbox exactly once.
 //!
 //! The random schedule comes from one seed, printed at the start; `FAULTS_SEED=<n>` replays it.
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::check::{self, BotMessage, RoomTimeline};
 use e2e::matrix::Event;
-use e2e::{Homeserver, Stack, StackOptions, User, sha256_hex};
+use e2e::{DedicatedSynapse, Stack, StackOptions, User, sha256_hex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -42,11 +43,19 @@ enum Fault {
     KillSurface,
     KillAgent,
     PauseSynapse,
+    RestartSynapse,
+}
+
+impl Fault {
+    fn is_synapse(self) -> bool {
+        matches!(self, Self::PauseSynapse | Self::RestartSynapse)
+    }
 }
 
 /// A moment a process came back, for the recovery time.
 #[derive(Debug, Clone)]
 struct Restart {
+    /// `surface`, `agent`, `synapse-pause` or `synapse-restart`.
     what: &'static str,
     at_ms: u64,
     /// Since the chaos started, to find it in the printed schedule.
@@ -58,37 +67,6 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
-}
-
-/// Synapse stopped with SIGSTOP; continued on drop, also when the test panics.
-struct Paused(String);
-
-impl Paused {
-    fn new() -> Self {
-        let dir = std::env::var("E2E_SYNAPSE_DIR")
-            .expect("E2E_SYNAPSE_DIR is not set: run the end-to-end tests through scripts/test.sh");
-        let pid = std::fs::read_to_string(format!("{dir}/homeserver.pid"))
-            .expect("homeserver.pid")
-            .trim()
-            .to_owned();
-        signal("STOP", &pid);
-        Self(pid)
-    }
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        signal("CONT", &self.0);
-    }
-}
-
-fn signal(sig: &str, pid: &str) {
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid}");
 }
 
 /// Sends `PER_ROOM` messages to `room` at a steady pace, every `FILE_EVERY`th one a file.
@@ -139,17 +117,22 @@ async fn send_all(user: User, room: String, index: usize, seed: u64, start: Inst
 
 /// Injects the faults at random moments spread over `window`; returns when all processes are
 /// running again.
-async fn chaos(stack: &mut Stack, rng: &mut StdRng, window: Duration) -> Vec<Restart> {
+async fn chaos(
+    stack: &mut Stack,
+    synapse: &mut DedicatedSynapse,
+    rng: &mut StdRng,
+    window: Duration,
+) -> Vec<Restart> {
     let mut plan = vec![Fault::KillSurface; SURFACE_KILLS];
     plan.extend([Fault::KillAgent; AGENT_KILLS]);
-    plan.push(Fault::PauseSynapse);
-    // Shuffle, but never start with the pause so the stack has warmed up.
+    plan.extend([Fault::PauseSynapse, Fault::RestartSynapse]);
+    // Shuffle, but never start with a homeserver outage so the stack has warmed up.
     for i in (1..plan.len()).rev() {
         let j = rng.random_range(0..=i);
         plan.swap(i, j);
     }
-    if plan[0] == Fault::PauseSynapse {
-        plan.swap(0, 1);
+    if let Some(k) = plan.iter().position(|f| !f.is_synapse()) {
+        plan.swap(0, k);
     }
     let slot = window / (plan.len() as u32 + 1);
     let start = Instant::now();
@@ -195,11 +178,34 @@ async fn chaos(stack: &mut Stack, rng: &mut StdRng, window: Duration) -> Vec<Res
                     "faults: t={:?} SIGSTOP synapse for {pause} ms",
                     start.elapsed()
                 );
-                let paused = Paused::new();
+                synapse.pause();
                 tokio::time::sleep(Duration::from_millis(pause)).await;
-                drop(paused);
+                synapse.resume();
                 restarts.push(Restart {
-                    what: "synapse",
+                    what: "synapse-pause",
+                    at_ms: now_ms(),
+                    t: start.elapsed(),
+                });
+            }
+            Fault::RestartSynapse => {
+                // Down for this long from the stop, plus however long it takes to start.
+                let down = Duration::from_millis(rng.random_range(5_000..10_000));
+                let stopped = Instant::now();
+                eprintln!(
+                    "faults: t={:?} stopping synapse, down {} ms",
+                    start.elapsed(),
+                    down.as_millis()
+                );
+                synapse.stop().await.expect("stop synapse");
+                tokio::time::sleep_until((stopped + down).into()).await;
+                synapse.start_again().await.expect("start synapse again");
+                eprintln!(
+                    "faults: t={:?} synapse healthy again after {} ms down",
+                    start.elapsed(),
+                    stopped.elapsed().as_millis()
+                );
+                restarts.push(Restart {
+                    what: "synapse-restart",
                     at_ms: now_ms(),
                     t: start.elapsed(),
                 });
@@ -254,7 +260,9 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     println!("faults: seed={seed} (FAULTS_SEED={seed} replays the schedule)");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let hs = Homeserver::from_env();
+    // Its own homeserver: the chaos stops and restarts it, which other tests must not see.
+    let mut synapse = DedicatedSynapse::start(None).await.expect("synapse starts");
+    let hs = synapse.homeserver().clone();
     let mut stack = Stack::start(&hs, StackOptions::default())
         .await
         .expect("stack starts");
@@ -276,7 +284,7 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
         .map(|(i, (user, room))| tokio::spawn(send_all(user.clone(), room.clone(), i, seed, start)))
         .collect();
     let window = PACE * (PER_ROOM as u32 - 2);
-    let restarts = chaos(&mut stack, &mut rng, window).await;
+    let restarts = chaos(&mut stack, &mut synapse, &mut rng, window).await;
     let mut sent = Vec::new();
     for s in senders {
         sent.push(s.await.expect("sender task"));
@@ -368,10 +376,13 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
         }
     }
 
-    let surface_kills = restarts.iter().filter(|r| r.what == "surface").count();
-    let agent_kills = restarts.iter().filter(|r| r.what == "agent").count();
+    let count = |what: &str| restarts.iter().filter(|r| r.what == what).count();
+    let surface_kills = count("surface");
+    let agent_kills = count("agent");
+    let synapse_pauses = count("synapse-pause");
+    let synapse_restarts = count("synapse-restart");
     println!(
-        "messages={} surface_kills={surface_kills} agent_kills={agent_kills} {}",
+        "messages={} surface_kills={surface_kills} agent_kills={agent_kills} {} synapse_pauses={synapse_pauses} synapse_restarts={synapse_restarts}",
         report.messages,
         report.summary()
     );
@@ -395,6 +406,7 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     let _ = std::fs::create_dir_all(&keep);
     let _ = std::fs::write(keep.join("surface.log"), stack.surface.log());
     let _ = std::fs::write(keep.join("agent.log"), stack.agent.log());
+    let _ = std::fs::write(keep.join("homeserver.log"), synapse.log());
     eprintln!("faults: full logs kept in {}", keep.display());
     assert!(
         report.is_clean(),
@@ -409,5 +421,6 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
         "files (seed {seed}): {file_problems:#?}"
     );
     assert!(surface_kills >= SURFACE_KILLS && agent_kills >= AGENT_KILLS);
+    assert!(synapse_pauses == 1 && synapse_restarts == 1);
     assert!(report.messages >= 300);
 }
