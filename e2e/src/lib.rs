@@ -36,16 +36,21 @@ where
 /// Creates a direct chat between `user` and `bot` and waits until the bot has joined it.
 pub async fn open_dm(user: &User, bot: &str, timeout: Duration) -> String {
     let room = user.create_room(&[bot], true).await.expect("create room");
-    eventually(timeout, "the bot to join the DM", || async {
-        user.joined_members(&room)
+    wait_joined(user, &room, bot, timeout).await;
+    room
+}
+
+/// Waits until `member` has joined `room` (as `user` sees it).
+pub async fn wait_joined(user: &User, room: &str, member: &str, timeout: Duration) {
+    eventually(timeout, &format!("{member} to join {room}"), || async {
+        user.joined_members(room)
             .await
             .ok()?
             .iter()
-            .any(|m| m == bot)
+            .any(|m| m == member)
             .then_some(())
     })
     .await;
-    room
 }
 
 /// Hex SHA-256 of `bytes`.

@@ -145,14 +145,67 @@ impl User {
 
     /// Creates a private room, inviting `invite`; `direct` marks it as a DM.
     pub async fn create_room(&self, invite: &[&str], direct: bool) -> Result<String> {
+        self.create_room_with(
+            json!({"preset": "private_chat", "invite": invite, "is_direct": direct}),
+        )
+        .await
+    }
+
+    /// Creates a room from a full `createRoom` request body and returns its id.
+    pub async fn create_room_with(&self, request: Value) -> Result<String> {
         let v = self
-            .call(
-                reqwest::Method::POST,
-                "/createRoom",
-                Some(json!({"preset": "private_chat", "invite": invite, "is_direct": direct})),
-            )
+            .call(reqwest::Method::POST, "/createRoom", Some(request))
             .await?;
         Ok(v["room_id"].as_str().context("room_id")?.to_owned())
+    }
+
+    /// The content of a room's state event.
+    pub async fn state(&self, room: &str, event_type: &str, state_key: &str) -> Result<Value> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/rooms/{}/state/{event_type}/{}", enc(room), enc(state_key)),
+            None,
+        )
+        .await
+    }
+
+    /// Sets a room's state event and returns its event id.
+    pub async fn put_state(
+        &self,
+        room: &str,
+        event_type: &str,
+        state_key: &str,
+        content: Value,
+    ) -> Result<String> {
+        let v = self
+            .call(
+                reqwest::Method::PUT,
+                &format!("/rooms/{}/state/{event_type}/{}", enc(room), enc(state_key)),
+                Some(content),
+            )
+            .await?;
+        Ok(v["event_id"].as_str().context("event_id")?.to_owned())
+    }
+
+    /// Exempts `user_id` from the message rate limit (`0` means unlimited); needs an admin.
+    pub async fn admin_override_ratelimit(
+        &self,
+        user_id: &str,
+        messages_per_second: u32,
+        burst_count: u32,
+    ) -> Result<()> {
+        let url = format!(
+            "{}/_synapse/admin/v1/users/{}/override_ratelimit",
+            self.hs.url,
+            enc(user_id)
+        );
+        send_patiently("override_ratelimit", Replay::Always, || {
+            Ok(self.hs.http.post(&url).bearer_auth(&self.token).json(
+                &json!({"messages_per_second": messages_per_second, "burst_count": burst_count}),
+            ))
+        })
+        .await?;
+        Ok(())
     }
 
     /// Joined members of a room.
@@ -290,6 +343,16 @@ impl User {
 
     /// All `m.room.message` events of a room, oldest first.
     pub async fn messages(&self, room: &str) -> Result<Vec<Event>> {
+        Ok(self
+            .events(room)
+            .await?
+            .into_iter()
+            .filter(|e| e["type"] == "m.room.message")
+            .collect())
+    }
+
+    /// Every timeline event of a room (messages, reactions, state), oldest first.
+    pub async fn events(&self, room: &str) -> Result<Vec<Event>> {
         let mut out = Vec::new();
         let mut from: Option<String> = None;
         loop {
@@ -302,7 +365,7 @@ impl User {
             if chunk.is_empty() {
                 break;
             }
-            out.extend(chunk.into_iter().filter(|e| e["type"] == "m.room.message"));
+            out.extend(chunk);
             match v["end"].as_str() {
                 Some(end) => from = Some(end.to_owned()),
                 None => break,

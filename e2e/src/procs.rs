@@ -84,6 +84,13 @@ impl Child {
         self.child.as_ref().and_then(tokio::process::Child::id)
     }
 
+    /// Whether the process is running (started and not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// SIGKILL, no chance to clean up.
     pub async fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
