@@ -8,6 +8,7 @@ mod faults;
 mod files_in;
 mod files_out;
 mod large;
+mod offline;
 
 use std::time::Duration;
 
