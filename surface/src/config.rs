@@ -73,6 +73,9 @@ pub struct Config {
     pub health_bind: SocketAddr,
     /// `SURFACE_INBOX_RETENTION`: age after which inbox files are removed (`None`: forever).
     pub inbox_retention: Option<Duration>,
+    /// `SURFACE_OFFLINE_NOTICE`: when messages waited longer than this for a surface that was
+    /// down, the room is told they are being answered now (`None`: never).
+    pub offline_notice_after: Option<Duration>,
 }
 
 /// A setting that is missing or malformed. The message names the variable.
@@ -225,6 +228,15 @@ impl Config {
             }
         };
 
+        let offline_notice_after =
+            match get("SURFACE_OFFLINE_NOTICE").as_deref() {
+                Some("off") => None,
+                None => Some(Duration::from_secs(120)),
+                Some(v) => Some(humantime::parse_duration(v).map_err(|e| {
+                    invalid("SURFACE_OFFLINE_NOTICE", format!("{e} (e.g. 2m or off)"))
+                })?),
+            };
+
         Ok(Self {
             homeserver_url,
             user_id,
@@ -238,6 +250,7 @@ impl Config {
             show_tool_calls,
             health_bind,
             inbox_retention,
+            offline_notice_after,
         })
     }
 
@@ -306,6 +319,7 @@ mod tests {
         assert!(!c.show_tool_calls);
         assert_eq!(c.health_bind, "0.0.0.0:8701".parse().unwrap());
         assert_eq!(c.inbox_retention, None);
+        assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
         assert!(c.is_allowed("@alice:example.org"));
         assert!(!c.is_allowed("@eve:evil.org"));
         assert!(matches!(c.auth, Auth::Password(_)));
@@ -358,6 +372,11 @@ mod tests {
                 "SURFACE_HEALTH_BIND is invalid",
             ),
             (
+                "SURFACE_OFFLINE_NOTICE",
+                Some("later"),
+                "SURFACE_OFFLINE_NOTICE is invalid",
+            ),
+            (
                 "SURFACE_INBOX_RETENTION",
                 Some("soon"),
                 "SURFACE_INBOX_RETENTION is invalid",
@@ -402,6 +421,7 @@ mod tests {
         let mut env = base();
         env.insert("SURFACE_MAX_FILE_SIZE", "2MiB".to_owned());
         env.insert("SURFACE_INBOX_RETENTION", "30d".to_owned());
+        env.insert("SURFACE_OFFLINE_NOTICE", "off".to_owned());
         env.insert("SURFACE_SHOW_TOOL_CALLS", "true".to_owned());
         env.insert(
             "SURFACE_ALLOWED_USERS",
@@ -410,6 +430,7 @@ mod tests {
         let c = load(&env).unwrap();
         assert_eq!(c.max_file_size, 2 * 1024 * 1024);
         assert_eq!(c.inbox_retention, Some(Duration::from_secs(30 * 86400)));
+        assert_eq!(c.offline_notice_after, None);
         assert!(c.show_tool_calls);
         assert!(c.is_allowed("@alice:other.org"));
         assert!(c.is_allowed("@bob:example.org"));

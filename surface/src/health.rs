@@ -1,4 +1,4 @@
-//! Readiness as seen from outside: `GET /healthz` answers 200 `{"status":"ok"}` once the bot
+//! Readiness as seen from outside: `GET /healthz` answers 200 `{"status":"ok","parked_sends":0}` once the bot
 //! is syncing and the agent proved it sees the same workspace, 503 with the reason otherwise.
 
 use std::net::SocketAddr;
@@ -31,6 +31,7 @@ pub enum AgentStatus {
 struct State_ {
     synced: bool,
     agent: AgentStatus,
+    parked_sends: u64,
 }
 
 /// Shared health state, updated by the sync loop and the agent links.
@@ -48,6 +49,9 @@ pub struct Report {
     /// Details for a person, when not ok.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// Posts the homeserver refused for good (kept in the journal, reported in the room and
+    /// the log). Not a failure of the surface itself, so it does not change `status`.
+    pub parked_sends: u64,
 }
 
 impl Default for Health {
@@ -56,6 +60,7 @@ impl Default for Health {
             state: Mutex::new(State_ {
                 synced: false,
                 agent: AgentStatus::Unchecked,
+                parked_sends: 0,
             }),
         }
     }
@@ -90,6 +95,11 @@ impl Health {
     }
 
     /// The current status.
+    /// How many posts are parked (see [`crate::send`]).
+    pub fn set_parked_sends(&self, n: u64) {
+        self.lock().parked_sends = n;
+    }
+
     pub fn report(&self) -> Report {
         let s = self.lock();
         let (status, detail) = match (&s.agent, s.synced) {
@@ -103,7 +113,11 @@ impl Health {
             (AgentStatus::Unreachable(d), true) => ("agent_unreachable", Some(d.clone())),
             (AgentStatus::Ok, true) => ("ok", None),
         };
-        Report { status, detail }
+        Report {
+            status,
+            detail,
+            parked_sends: s.parked_sends,
+        }
     }
 }
 
@@ -170,7 +184,14 @@ mod tests {
         assert_eq!(h.report().status, "ok", "a proven agent may restart");
         assert_eq!(
             serde_json::to_string(&h.report()).unwrap(),
-            r#"{"status":"ok"}"#
+            r#"{"status":"ok","parked_sends":0}"#
         );
+        h.set_parked_sends(2);
+        assert_eq!(
+            h.report().status,
+            "ok",
+            "a refused post is not the surface's fault"
+        );
+        assert_eq!(h.report().parked_sends, 2);
     }
 }

@@ -174,7 +174,10 @@ CREATE TABLE IF NOT EXISTS sends(
     thread_root TEXT,
     purpose TEXT NOT NULL,
     event_id TEXT,
-    created_ms INTEGER NOT NULL
+    created_ms INTEGER NOT NULL,
+    failed_ms INTEGER,
+    failure TEXT,
+    content TEXT
 );
 CREATE INDEX IF NOT EXISTS sends_event ON sends(event_id);
 CREATE INDEX IF NOT EXISTS sends_thread ON sends(thread_root);
@@ -185,6 +188,29 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or_default()
+}
+
+fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<()> {
+    let present = conn
+        .prepare(&format!(
+            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
+        ))?
+        .exists([column])?;
+    if !present {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
+/// Where a send stands, from [`Journal::begin_send`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendState {
+    /// Not done yet: try it (again) with the same transaction id.
+    Open,
+    /// Already posted as this event.
+    Posted(String),
+    /// Refused for good earlier, for this reason: not tried again.
+    Parked(String),
 }
 
 fn chat_id_col(s: Option<String>) -> Option<ChatId> {
@@ -210,6 +236,14 @@ impl Journal {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        // Journals written before sends could be parked lack these columns.
+        for (column, decl) in [
+            ("failed_ms", "INTEGER"),
+            ("failure", "TEXT"),
+            ("content", "TEXT"),
+        ] {
+            add_column_if_missing(&conn, "sends", column, decl)?;
+        }
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -530,29 +564,55 @@ impl Journal {
         Ok(())
     }
 
-    /// Records the intent to send with `txn_id` (before the first try). Returns the event id if
-    /// this transaction already went through (nothing to do then).
+    /// Records the intent to send with `txn_id` (before the first try) and returns where that
+    /// send stands: a transaction that already went through or was parked is not tried again.
     pub fn begin_send(
         &self,
         txn_id: &str,
         room_id: &str,
         thread_root: Option<&str>,
         purpose: &str,
-    ) -> Result<Option<String>> {
+    ) -> Result<SendState> {
         let conn = self.conn();
         conn.execute(
             "INSERT OR IGNORE INTO sends(txn_id, room_id, thread_root, purpose, created_ms) \
              VALUES(?1, ?2, ?3, ?4, ?5)",
             params![txn_id, room_id, thread_root, purpose, now_ms()],
         )?;
-        Ok(conn
-            .query_row(
-                "SELECT event_id FROM sends WHERE txn_id = ?1",
-                [txn_id],
-                |r| r.get::<_, Option<String>>(0),
-            )
-            .optional()?
-            .flatten())
+        let (event_id, failure) = conn.query_row(
+            "SELECT event_id, failure FROM sends WHERE txn_id = ?1",
+            [txn_id],
+            |r| {
+                Ok((
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                ))
+            },
+        )?;
+        Ok(match (event_id, failure) {
+            (Some(id), _) => SendState::Posted(id),
+            (None, Some(why)) => SendState::Parked(why),
+            (None, None) => SendState::Open,
+        })
+    }
+
+    /// Parks the send `txn_id`: the homeserver refused it for good. Its content is kept for
+    /// an operator to inspect; it is never tried again.
+    pub fn park_send(&self, txn_id: &str, failure: &str, content_json: &str) -> Result<()> {
+        self.conn().execute(
+            "UPDATE sends SET failed_ms = ?2, failure = ?3, content = ?4 WHERE txn_id = ?1",
+            params![txn_id, now_ms(), failure, content_json],
+        )?;
+        Ok(())
+    }
+
+    /// How many sends are parked.
+    pub fn parked_count(&self) -> Result<u64> {
+        Ok(self.conn().query_row(
+            "SELECT COUNT(*) FROM sends WHERE failure IS NOT NULL AND event_id IS NULL",
+            [],
+            |r| r.get::<_, i64>(0),
+        )? as u64)
     }
 
     /// The send with `txn_id` produced `event_id`.
@@ -712,22 +772,65 @@ mod tests {
         let j = Journal::in_memory().unwrap();
         assert_eq!(
             j.begin_send("t1", "!r:hs", Some("$root"), "reply").unwrap(),
-            None
+            SendState::Open
         );
         assert!(!j.bot_in_thread("$root").unwrap());
         // A retry before completion still has no event id: send again with the same txn.
         assert_eq!(
             j.begin_send("t1", "!r:hs", Some("$root"), "reply").unwrap(),
-            None
+            SendState::Open
         );
         j.finish_send("t1", "$posted").unwrap();
         assert_eq!(
             j.begin_send("t1", "!r:hs", Some("$root"), "reply").unwrap(),
-            Some("$posted".into())
+            SendState::Posted("$posted".into())
         );
         assert!(j.is_own_post("$posted").unwrap());
         assert!(j.bot_in_thread("$root").unwrap());
         j.set_meta("k", "v").unwrap();
         assert_eq!(j.meta("k").unwrap().as_deref(), Some("v"));
+    }
+
+    #[test]
+    fn parked_sends_are_not_tried_again_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.sqlite");
+        {
+            let j = Journal::open(&path).unwrap();
+            assert_eq!(j.parked_count().unwrap(), 0);
+            j.begin_send("t1", "!r:hs", None, "answer").unwrap();
+            j.park_send("t1", "HTTP 403 M_FORBIDDEN: no", r#"{"body":"hi"}"#)
+                .unwrap();
+            assert_eq!(j.parked_count().unwrap(), 1);
+        }
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(
+            j.begin_send("t1", "!r:hs", None, "answer").unwrap(),
+            SendState::Parked("HTTP 403 M_FORBIDDEN: no".into())
+        );
+        assert_eq!(j.parked_count().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_journal_from_before_parking_gains_the_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE sends(txn_id TEXT PRIMARY KEY, room_id TEXT NOT NULL, \
+                 thread_root TEXT, purpose TEXT NOT NULL, event_id TEXT, created_ms INTEGER NOT NULL);\
+                 INSERT INTO sends VALUES('t0', '!r:hs', NULL, 'answer', '$old', 1);",
+            )
+            .unwrap();
+        }
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(
+            j.begin_send("t0", "!r:hs", None, "answer").unwrap(),
+            SendState::Posted("$old".into())
+        );
+        j.begin_send("t2", "!r:hs", None, "answer").unwrap();
+        j.park_send("t2", "refused", "{}").unwrap();
+        assert_eq!(j.parked_count().unwrap(), 1);
     }
 }

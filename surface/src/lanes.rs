@@ -27,6 +27,7 @@ use crate::filename::pick_name;
 use crate::journal::{ChatRef, Disposition, JournaledEvent};
 use crate::media::{self, DownloadRequest};
 use crate::render::{self, ReplyTarget};
+use crate::send::{self, Outgoing, PostError};
 use crate::workspace::{ChatScope, Workspace};
 
 /// Pending events of a chat beyond which the room is told that messages are queued.
@@ -243,8 +244,13 @@ impl Lanes {
                 &format!("backlog-{pending}"),
             );
             let content = RoomMessageEventContent::notice_plain(text);
-            if let Err(e) = render::post(&room, &ctx2.journal, content, &txn, None, "backlog").await
-            {
+            let out = Outgoing {
+                txn: &txn,
+                thread_root: None,
+                about: None,
+                purpose: "backlog",
+            };
+            if let Err(e) = send::post(&ctx2, &room, content, out).await {
                 warn!(error = %e, "could not post the backlog notice");
             }
         });
@@ -595,17 +601,20 @@ impl Lane {
                 if let Some(target) = target {
                     let txn = render::notice_txn_id(&ev.event_id, "download-failed");
                     let content = target.notice(&e.user_message());
-                    if let Err(pe) = render::post(
-                        &self.room,
-                        &ctx.journal,
-                        content,
-                        &txn,
-                        Some(target.root()),
-                        "download-failed",
-                    )
-                    .await
-                    {
-                        warn!(error = %pe, "could not tell the room about the failed download");
+                    let out = Outgoing {
+                        txn: &txn,
+                        thread_root: Some(target.root()),
+                        about: Some(&target.event_id),
+                        purpose: "download-failed",
+                    };
+                    match send::post(ctx, &self.room, content, out).await {
+                        Ok(_) => {}
+                        Err(PostError::Refused(r)) => {
+                            send::report_refusal(ctx, &self.room, out, Some(&target), &r).await;
+                        }
+                        Err(pe) => {
+                            warn!(error = %pe, "could not tell the room about the failed download");
+                        }
                     }
                 }
                 Err(())
@@ -639,6 +648,7 @@ impl Lane {
             user: msg.sender.user_id.clone(),
             out_index: 0,
             text: String::new(),
+            interrupted: false,
             tool_calls: HashMap::new(),
         };
         // True when the agent already had this turn before this connection: its end may have
@@ -757,6 +767,10 @@ impl Lane {
                 return;
             }
         }
+        if turn.interrupted {
+            info!("shutdown came before everything was posted; the turn resumes after restart");
+            return;
+        }
         if let Err(e) = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq) {
             error!(error = %e, "could not mark the turn finished");
         }
@@ -768,8 +782,9 @@ impl Lane {
         if text.trim().is_empty() {
             return;
         }
-        let content = turn.target.markdown(text.trim());
-        self.post(turn, content, "answer").await;
+        for content in turn.target.markdown_parts(text.trim()) {
+            self.post(turn, content, "answer").await;
+        }
     }
 
     async fn post_notice(
@@ -790,19 +805,29 @@ impl Lane {
     ) -> Option<OwnedEventId> {
         let txn = render::txn_id(&turn.turn, turn.out_index);
         turn.out_index += 1;
-        match render::post(
-            &self.room,
-            &self.ctx.journal,
-            content,
-            &txn,
-            Some(turn.target.root()),
+        let target = turn.target.clone();
+        let out = Outgoing {
+            txn: &txn,
+            thread_root: Some(target.root()),
+            about: Some(&target.event_id),
             purpose,
-        )
-        .await
-        {
+        };
+        match send::post(&self.ctx, &self.room, content, out).await {
             Ok(id) => Some(id),
+            Err(PostError::Refused(r)) => {
+                send::report_refusal(&self.ctx, &self.room, out, Some(&target), &r).await;
+                None
+            }
+            Err(PostError::Shutdown) => {
+                turn.interrupted = true;
+                None
+            }
+            Err(e @ PostError::AlreadyParked(_)) => {
+                info!(error = %e, purpose, txn_id = %txn, "not posting a parked message again");
+                None
+            }
             Err(e) => {
-                error!(error = %e, purpose, "could not post to the room");
+                error!(error = %e, purpose, txn_id = %txn, "could not post to the room");
                 None
             }
         }
@@ -947,15 +972,15 @@ impl Lane {
                 "⏱️ No answer in time."
             };
             let txn = render::txn_id(&turn_id, index);
-            let _ = render::post(
-                &room,
-                &ctx.journal,
-                target.notice(text),
-                &txn,
-                Some(target.root()),
-                "timeout",
-            )
-            .await;
+            let out = Outgoing {
+                txn: &txn,
+                thread_root: Some(target.root()),
+                about: Some(&target.event_id),
+                purpose: "timeout",
+            };
+            if let Err(e) = send::post(&ctx, &room, target.notice(text), out).await {
+                warn!(error = %e, "could not post the timeout notice");
+            }
         });
     }
 }
@@ -967,6 +992,8 @@ struct Turn {
     user: String,
     out_index: u32,
     text: String,
+    /// Shutdown came before one of its posts went out: the turn must stay open.
+    interrupted: bool,
     tool_calls: HashMap<String, (String, String)>,
 }
 

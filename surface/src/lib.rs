@@ -17,6 +17,7 @@ pub mod outbound;
 pub mod outbox;
 pub mod render;
 pub mod retention;
+pub mod send;
 pub mod session;
 pub mod sync;
 pub mod workspace;
@@ -65,6 +66,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
     let upload_cache = UploadCache::open(&config.state_dir).context("opening the upload cache")?;
     let health = Arc::new(Health::default());
+    health.set_parked_sends(journal.parked_count().context("reading the journal")?);
     let tracker = TaskTracker::new();
     let listener = health::bind(config.health_bind)
         .await

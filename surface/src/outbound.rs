@@ -16,6 +16,7 @@ use crate::media;
 use crate::outbox::{self, OutboxItem};
 use crate::render;
 use crate::retention;
+use crate::send::{self, Outgoing, PostError};
 use crate::workspace::{ChatScope, Outcome};
 
 /// Watches the outboxes and posts what appears, until shutdown.
@@ -90,11 +91,22 @@ async fn post_outbox_file(ctx: &Ctx, item: OutboxItem) {
             .await;
             match content {
                 Ok(content) => {
-                    match render::post(&room, &ctx.journal, content, &txn, None, "outbox").await {
+                    let out = Outgoing {
+                        txn: &txn,
+                        thread_root: None,
+                        about: None,
+                        purpose: "outbox",
+                    };
+                    match send::post(ctx, &room, content, out).await {
                         Ok(event_id) => {
                             info!(room_id = %room_id, event_id = %event_id, "outbox file posted");
                             Outcome::Sent
                         }
+                        Err(PostError::Refused(r)) => {
+                            send::report_refusal(ctx, &room, out, None, &r).await;
+                            Outcome::Failed
+                        }
+                        Err(PostError::AlreadyParked(_)) => Outcome::Failed,
                         Err(e) => {
                             // Left in place: a restart reports it again and the same txn id
                             // keeps it from being posted twice.

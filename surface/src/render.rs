@@ -1,15 +1,14 @@
 //! Turning agent output into room events: threaded replies with markdown, notices, prompts,
-//! and idempotent sends whose transaction ids derive from the triggering event.
+//! long answers split into postable parts, and the transaction ids (derived from the
+//! triggering event) that make sends idempotent. Sending itself is [`crate::send`].
 
-use matrix_sdk::Room;
+use std::collections::VecDeque;
+
 use matrix_sdk::ruma::events::relation::Thread;
 use matrix_sdk::ruma::events::room::message::{Relation, RoomMessageEventContent};
-use matrix_sdk::ruma::{EventId, OwnedEventId, OwnedTransactionId, TransactionId};
+use matrix_sdk::ruma::{EventId, OwnedEventId, OwnedTransactionId};
 use protocol::{ApprovalRequest, AskUser, WorkspacePath};
 use sha2::{Digest, Sha256};
-use tracing::warn;
-
-use crate::journal::Journal;
 
 /// The transaction id of output number `index` of the turn started by `trigger_event_id`.
 ///
@@ -72,9 +71,174 @@ impl ReplyTarget {
         self.apply(RoomMessageEventContent::text_markdown(text))
     }
 
+    /// A markdown reply in as many events as it takes: each part's content stays well under the
+    /// homeserver's event size limit (Synapse refuses events over 64 KiB), split at paragraph,
+    /// then line, then character boundaries, with code fences closed and reopened across parts.
+    pub fn markdown_parts(&self, text: &str) -> Vec<RoomMessageEventContent> {
+        let mut queue: VecDeque<(String, usize)> = split_markdown(text, PART_BYTES)
+            .into_iter()
+            .map(|p| (p, PART_BYTES))
+            .collect();
+        let mut out = Vec::new();
+        while let Some((part, budget)) = queue.pop_front() {
+            let content = self.markdown(&part);
+            let size = serde_json::to_vec(&content).map_or(usize::MAX, |v| v.len());
+            if size <= MAX_CONTENT_BYTES || budget <= MIN_PART_BYTES {
+                out.push(content);
+                continue;
+            }
+            // Markup that renders much larger than it reads (`<` becomes `&lt;`): halve.
+            let half = budget / 2;
+            for p in split_markdown(&part, half).into_iter().rev() {
+                queue.push_front((p, half));
+            }
+        }
+        out
+    }
+
     /// A compact `m.notice` reply.
     pub fn notice(&self, text: &str) -> RoomMessageEventContent {
         self.apply(RoomMessageEventContent::notice_markdown(text))
+    }
+}
+
+/// Target size of one part of a long answer, in bytes of markdown.
+const PART_BYTES: usize = 16_000;
+/// Parts are not made smaller than this.
+const MIN_PART_BYTES: usize = 1_000;
+/// The most one part's serialized content may take (the event envelope needs the rest of the
+/// homeserver's 65 536 bytes).
+const MAX_CONTENT_BYTES: usize = 56_000;
+
+/// Splits markdown `text` into parts of at most `max` bytes (pure). Prefers paragraph breaks
+/// (outside code blocks) in the second half of a part, then line breaks, then whitespace, then
+/// any character boundary. A code block cut in two is closed at the end of one part and
+/// reopened (with its info string) at the start of the next.
+pub fn split_markdown(text: &str, max: usize) -> Vec<String> {
+    let text = text.trim_end();
+    if text.len() <= max {
+        return vec![text.to_owned()];
+    }
+    let max = max.max(64);
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    // The opening line of the code block `cur` ends inside, if any.
+    let mut fence: Option<String> = None;
+    // Where in `cur` a paragraph break outside any code block was last seen.
+    let mut para_break: Option<usize> = None;
+    let mut pending: VecDeque<String> = text.split_inclusive('\n').map(str::to_owned).collect();
+    while let Some(line) = pending.pop_front() {
+        let closing = if fence.is_some() {
+            FENCE_CLOSE.len()
+        } else {
+            0
+        };
+        if cur.len() + line.len() + closing <= max {
+            update_fence(&mut fence, &line);
+            cur.push_str(&line);
+            if fence.is_none() && line.trim().is_empty() {
+                para_break = Some(cur.len());
+            }
+            continue;
+        }
+        if let Some(at) = para_break.filter(|at| *at > max / 2 && *at < cur.len()) {
+            // Cut at the paragraph break; what followed it goes back in front of the queue.
+            let rest = cur.split_off(at);
+            pending.push_front(line);
+            for l in rest.split_inclusive('\n').rev() {
+                pending.push_front(l.to_owned());
+            }
+            // There was no open code block at the break; replaying `rest` finds any again.
+            fence = None;
+            push_part(&mut parts, &mut cur, None);
+            para_break = None;
+            continue;
+        }
+        if cur.len() > reopen_len(&fence) {
+            push_part(&mut parts, &mut cur, fence.as_deref());
+            if let Some(open) = &fence {
+                cur.push_str(open);
+            }
+            para_break = None;
+            pending.push_front(line);
+            continue;
+        }
+        // One line longer than a whole part: cut it.
+        let room = max.saturating_sub(cur.len() + closing).max(1);
+        let cut = cut_point(&line, room);
+        let (head, tail) = line.split_at(cut);
+        cur.push_str(head);
+        pending.push_front(tail.to_owned());
+        push_part(&mut parts, &mut cur, fence.as_deref());
+        if let Some(open) = &fence {
+            cur.push_str(open);
+        }
+    }
+    if !cur.trim().is_empty() {
+        push_part(&mut parts, &mut cur, fence.as_deref());
+    }
+    parts
+}
+
+const FENCE_CLOSE: &str = "\n```\n";
+
+fn reopen_len(fence: &Option<String>) -> usize {
+    fence.as_ref().map_or(0, String::len)
+}
+
+fn update_fence(fence: &mut Option<String>, line: &str) {
+    let t = line.trim_start();
+    let marker = if t.starts_with("```") {
+        "```"
+    } else if t.starts_with("~~~") {
+        "~~~"
+    } else {
+        return;
+    };
+    match fence {
+        None => {
+            let mut open = t.trim_end().to_owned();
+            open.push('\n');
+            *fence = Some(open);
+        }
+        Some(open)
+            if open.starts_with(marker) && t.trim_end().trim_start_matches(marker).is_empty() =>
+        {
+            *fence = None;
+        }
+        Some(_) => {}
+    }
+}
+
+fn push_part(parts: &mut Vec<String>, cur: &mut String, fence: Option<&str>) {
+    let mut part = std::mem::take(cur);
+    if let Some(open) = fence {
+        let marker = &open[..3];
+        if !part.ends_with('\n') {
+            part.push('\n');
+        }
+        part.push_str(marker);
+    }
+    let part = part.trim_end().to_owned();
+    if !part.is_empty() {
+        parts.push(part);
+    }
+}
+
+/// A char boundary at most `room` bytes into `line`, after whitespace if there is some in the
+/// second half.
+fn cut_point(line: &str, room: usize) -> usize {
+    let mut end = room.min(line.len());
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end == 0 {
+        // Not even one character fits: take one anyway.
+        return line.chars().next().map_or(line.len(), char::len_utf8);
+    }
+    match line[..end].rfind(char::is_whitespace) {
+        Some(ws) if ws > end / 2 => ws + 1,
+        _ => end,
     }
 }
 
@@ -111,58 +275,6 @@ fn truncate(s: &str, max: usize) -> String {
     let mut t: String = s.chars().take(max).collect();
     t.push('…');
     t
-}
-
-/// Sends `content` to `room` with `txn`, recording the intent in the journal first. Returns the
-/// event id (the earlier one if this transaction already went through).
-pub async fn post(
-    room: &Room,
-    journal: &Journal,
-    content: RoomMessageEventContent,
-    txn: &TransactionId,
-    thread_root: Option<&EventId>,
-    purpose: &str,
-) -> Result<OwnedEventId, PostError> {
-    let done = journal.begin_send(
-        txn.as_str(),
-        room.room_id().as_str(),
-        thread_root.map(EventId::as_str),
-        purpose,
-    )?;
-    if let Some(id) = done.and_then(|d| EventId::parse(&d).ok()) {
-        return Ok(id);
-    }
-    // The SDK already waits out 429s (Retry-After) and retries transient errors; this outer
-    // loop covers the rest (e.g. a connection reset) with the same transaction id.
-    let mut attempt = 0u32;
-    let response = loop {
-        attempt += 1;
-        match room
-            .send(content.clone())
-            .with_transaction_id(txn.to_owned())
-            .await
-        {
-            Ok(r) => break r,
-            Err(e) if attempt < 3 => {
-                warn!(error = %e, attempt, room_id = %room.room_id(), "send failed, retrying");
-                tokio::time::sleep(std::time::Duration::from_secs(u64::from(attempt) * 2)).await;
-            }
-            Err(e) => return Err(PostError::Matrix(Box::new(e))),
-        }
-    };
-    journal.finish_send(txn.as_str(), response.response.event_id.as_str())?;
-    Ok(response.response.event_id)
-}
-
-/// Why posting failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PostError {
-    /// The homeserver refused or could not be reached.
-    #[error("matrix: {0}")]
-    Matrix(Box<matrix_sdk::Error>),
-    /// The journal failed.
-    #[error(transparent)]
-    Journal(#[from] crate::journal::JournalError),
 }
 
 #[cfg(test)]
@@ -217,6 +329,81 @@ mod tests {
         assert_eq!(json["m.relates_to"]["rel_type"], "m.thread");
         assert_eq!(json["m.relates_to"]["event_id"], "$root");
         assert_eq!(json["m.relates_to"]["m.in_reply_to"]["event_id"], "$msg");
+    }
+
+    /// The parts, with the fence lines the splitter added removed, give back the text.
+    fn rejoin(parts: &[String]) -> String {
+        parts.join("\n").replace("\n```\n```rust\n", "\n")
+    }
+
+    #[test]
+    fn short_text_is_one_part() {
+        assert_eq!(
+            split_markdown("hello\n\nworld\n", 100),
+            vec!["hello\n\nworld"]
+        );
+    }
+
+    #[test]
+    fn long_text_splits_at_paragraphs_within_the_limit() {
+        let para = "word ".repeat(30).trim_end().to_owned(); // 149 bytes
+        let text = vec![para.clone(); 20].join("\n\n");
+        let parts = split_markdown(&text, 1000);
+        assert!(parts.len() >= 3, "{}", parts.len());
+        for p in &parts {
+            assert!(p.len() <= 1000, "{}", p.len());
+            assert!(p.starts_with("word") && p.ends_with("word"), "{p:?}");
+        }
+        let words: usize = parts.iter().map(|p| p.split_whitespace().count()).sum();
+        assert_eq!(words, 20 * 30, "nothing lost or repeated");
+    }
+
+    #[test]
+    fn code_blocks_are_closed_and_reopened() {
+        let code: String = (0..200).map(|i| format!("let x{i} = {i};\n")).collect();
+        let text = format!("Here:\n\n```rust\n{code}```\n\nDone.");
+        let parts = split_markdown(&text, 800);
+        assert!(parts.len() >= 4);
+        for p in &parts {
+            assert!(p.len() <= 800, "{}", p.len());
+            assert_eq!(p.matches("```").count() % 2, 0, "balanced fences in {p:?}");
+        }
+        assert!(parts[1].starts_with("```rust\n"));
+        assert_eq!(rejoin(&parts).matches("let x").count(), 200);
+        assert!(rejoin(&parts).contains("let x199 = 199;\n```\n\nDone."));
+    }
+
+    #[test]
+    fn one_huge_line_is_cut_at_char_boundaries() {
+        let line = "é".repeat(5000) + " tail";
+        let parts = split_markdown(&line, 999);
+        for p in &parts {
+            assert!(p.len() <= 999);
+        }
+        assert_eq!(parts.concat(), line);
+        let spaced = "ab ".repeat(2000);
+        let parts = split_markdown(&spaced, 500);
+        assert!(
+            parts.iter().all(|p| p.ends_with("ab")),
+            "cut after whitespace"
+        );
+        assert_eq!(parts.join(" ").split_whitespace().count(), 2000);
+    }
+
+    #[test]
+    fn every_part_fits_in_an_event() {
+        let target = ReplyTarget {
+            event_id: event_id!("$t").to_owned(),
+            thread_root: None,
+        };
+        // `<` and `&` render several times larger than they read.
+        let text = "<&> ".repeat(30_000);
+        let parts = target.markdown_parts(&text);
+        assert!(parts.len() > 2);
+        for c in &parts {
+            assert!(serde_json::to_vec(c).unwrap().len() <= MAX_CONTENT_BYTES);
+        }
+        assert_eq!(target.markdown_parts("hi").len(), 1);
     }
 
     #[test]

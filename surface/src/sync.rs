@@ -13,6 +13,7 @@ use matrix_sdk::event_handler::Ctx as HandlerCtx;
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::UInt;
 use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::{LoopCtrl, Room, RoomMemberships};
 use protocol::ChatId;
 use serde::Deserialize;
@@ -21,6 +22,8 @@ use tracing::{debug, error, info, instrument, warn};
 use crate::context::Ctx;
 use crate::decide::{self, Decision, Facts};
 use crate::journal::{ChatRef, Disposition, NewEvent};
+use crate::render;
+use crate::send::{self, Outgoing};
 
 /// Events fetched per `/messages` page while backfilling.
 const PAGE: u32 = 50;
@@ -414,6 +417,18 @@ async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
             return;
         }
     };
+    if let Some(after) = ctx.config.offline_notice_after {
+        let fresh_triggers: Vec<u64> = news
+            .iter()
+            .zip(&inserted)
+            .filter(|(ev, new)| **new && ev.disposition == Disposition::Trigger)
+            .map(|(ev, _)| ev.origin_ts)
+            .collect();
+        let missed = missed_while_offline(&fresh_triggers, ctx.started_ms, now_ms(), after);
+        if missed > 0 {
+            announce_catch_up(ctx, room, missed).await;
+        }
+    }
     let mut poke: BTreeMap<ChatId, ChatRef> = BTreeMap::new();
     for ((ev, decision), new) in news.iter().zip(decisions).zip(inserted) {
         if !new {
@@ -455,6 +470,57 @@ async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
     }
 }
 
+/// How many of the newly journaled triggers (their send times in ms) arrived while this
+/// process was not running and waited at least `after` (pure).
+fn missed_while_offline(
+    trigger_ts: &[u64],
+    started_ms: u64,
+    now_ms: u64,
+    after: Duration,
+) -> usize {
+    let after = after.as_millis() as u64;
+    trigger_ts
+        .iter()
+        .filter(|ts| **ts < started_ms && now_ms.saturating_sub(**ts) >= after)
+        .count()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// Tells `room` that messages sent while the bot was down are being answered now. Once per
+/// room and process start (the transaction id says so); a courtesy, so it does not hold up
+/// the sync loop for long.
+async fn announce_catch_up(ctx: &Ctx, room: &Room, missed: usize) {
+    let room_id = room.room_id().as_str();
+    info!(
+        room_id,
+        missed, "messages arrived while the surface was down; catching up"
+    );
+    let text = if missed == 1 {
+        "👋 I was offline and missed a message; answering it now.".to_owned()
+    } else {
+        format!("👋 I was offline and missed {missed} messages; answering them now, in order.")
+    };
+    let txn = render::notice_txn_id(&format!("{room_id}:{}", ctx.started_ms), "offline");
+    let out = Outgoing {
+        txn: &txn,
+        thread_root: None,
+        about: None,
+        purpose: "offline",
+    };
+    let content = RoomMessageEventContent::notice_plain(text);
+    match tokio::time::timeout(Duration::from_secs(10), send::post(ctx, room, content, out)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn!(room_id, error = %e, "could not post the catch-up notice"),
+        Err(_) => warn!(room_id, "the catch-up notice took too long; skipped"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -463,6 +529,32 @@ mod tests {
 
     fn raw(v: serde_json::Value) -> RawEvent {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn messages_missed_while_offline() {
+        let min = Duration::from_secs(60);
+        let start = 1_000_000;
+        let now = start + 5_000;
+        let table: &[(&[u64], usize)] = &[
+            (&[], 0),
+            // Sent while running: not missed.
+            (&[start + 1_000], 0),
+            // Sent just before a quick restart: not worth a notice.
+            (&[start - 2_000], 0),
+            // Waited over a minute for a surface that was down.
+            (
+                &[start - 120_000, start - 90_000, start - 1_000, start + 10],
+                2,
+            ),
+        ];
+        for (ts, expected) in table {
+            assert_eq!(
+                missed_while_offline(ts, start, now, min),
+                *expected,
+                "{ts:?}"
+            );
+        }
     }
 
     #[test]

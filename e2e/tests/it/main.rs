@@ -8,6 +8,7 @@ mod faults;
 mod files_in;
 mod files_out;
 mod large;
+mod offline;
 mod outages;
 
 use std::time::Duration;
