@@ -426,6 +426,46 @@ mod tests {
         }
     }
 
+    fn api_error(status: u16, kind: ErrorKind) -> matrix_sdk::Error {
+        use matrix_sdk::RumaApiError;
+        use matrix_sdk::reqwest::StatusCode;
+        use matrix_sdk::ruma::api::error::{Error, FromHttpResponseError, StandardErrorBody};
+        let body = ErrorBody::Standard(StandardErrorBody::new(kind, "the reason".into()));
+        let e = Error::new(StatusCode::from_u16(status).unwrap(), body);
+        matrix_sdk::Error::Http(Box::new(HttpError::Api(Box::new(
+            FromHttpResponseError::Server(RumaApiError::MatrixError(e)),
+        ))))
+    }
+
+    #[tokio::test]
+    async fn sdk_errors_are_observed_with_status_code_and_wait() {
+        use matrix_sdk::ruma::api::error::LimitExceededErrorData;
+        let forbidden = api_error(403, ErrorKind::Forbidden);
+        let seen = observe(&forbidden);
+        assert_eq!(seen, status(403, Some("M_FORBIDDEN"), None));
+        assert_eq!(
+            refusal(&seen, &forbidden).to_string(),
+            "HTTP 403 M_FORBIDDEN: the reason"
+        );
+        let mut data = LimitExceededErrorData::new();
+        data.retry_after = Some(RetryAfter::Delay(Duration::from_millis(2500)));
+        assert_eq!(
+            observe(&api_error(429, ErrorKind::LimitExceeded(data))),
+            status(429, Some("M_LIMIT_EXCEEDED"), Some(2500))
+        );
+        assert_eq!(
+            observe(&api_error(413, ErrorKind::TooLarge)),
+            status(413, Some("M_TOO_LARGE"), None)
+        );
+        // Nothing listens on port 9 of loopback here: a network failure, not a refusal.
+        let refused = matrix_sdk::reqwest::get("http://127.0.0.1:9/")
+            .await
+            .unwrap_err();
+        let err = matrix_sdk::Error::Http(Box::new(HttpError::Reqwest(refused)));
+        assert_eq!(observe(&err), Observed::Network);
+        assert_eq!(verdict(&observe(&err)), Verdict::Transient);
+    }
+
     #[test]
     fn refusals_read_well() {
         let r = Refusal {
