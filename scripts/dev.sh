@@ -29,7 +29,7 @@ if [ ! -f "$STATE/agent-token" ]; then
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STATE/agent-token"
 fi
 export AGENT_TOKEN; AGENT_TOKEN="$(cat "$STATE/agent-token")"
-export WORKSPACE_ROOT="$PWD/workspace" RUST_LOG="${RUST_LOG:-info,matrix_sdk=warn}"
+export WORKSPACE_ROOT="$PWD/workspace" RUST_LOG="${RUST_LOG:-info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,matrix_sdk_crypto::backups=error}"
 
 pids=()
 cleanup() {

@@ -270,7 +270,7 @@ MATRIX_BOT_PASSWORD=bot-$(rand)
 MATRIX_TEST_LOCALPART=alice
 MATRIX_TEST_PASSWORD=$E2E_PASSWORD
 AGENT_RUST_LOG=info
-SURFACE_RUST_LOG=info
+SURFACE_RUST_LOG=info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,matrix_sdk_crypto::backups=error
 EOF
 
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 # prebuilt.Dockerfile needs no BuildKit

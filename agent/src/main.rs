@@ -1,5 +1,7 @@
 //! The agent binary: configuration, logging, bind, run until SIGINT/SIGTERM.
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -11,6 +13,7 @@ async fn main() {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     if let Err(e) = serve().await {
         // One line naming the bad setting; no backtrace noise.

@@ -188,7 +188,7 @@ impl Stack {
                 .collect();
             env.insert(
                 "RUST_LOG".into(),
-                "info,matrix_sdk=warn,matrix_sdk_base=warn".into(),
+                "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,matrix_sdk_crypto::backups=error".into(),
             );
             env.insert("WORKSPACE_ROOT".into(), workspace.display().to_string());
             env
