@@ -17,6 +17,7 @@ pub mod outbound;
 pub mod outbox;
 pub mod render;
 pub mod retention;
+pub mod retry;
 pub mod send;
 pub mod session;
 pub mod sync;

@@ -26,6 +26,7 @@ use matrix_sdk::reqwest;
 use serde::Deserialize;
 use url::Url;
 
+use crate::retry;
 use crate::workspace::human_size;
 
 pub use download::{
@@ -107,15 +108,36 @@ pub enum HttpError {
 }
 
 impl HttpError {
-    /// Whether trying again later can succeed (429, 5xx, network trouble).
+    /// Whether trying again later can succeed (429, 5xx, network trouble): the decision of
+    /// [`crate::retry::verdict`], shared with room events.
     pub fn is_retryable(&self) -> bool {
+        retry::verdict(&self.observed()) != retry::Verdict::Permanent
+    }
+
+    fn observed(&self) -> retry::Observed {
+        use retry::Observed;
         match self {
-            Self::RateLimited { .. }
-            | Self::Server { .. }
-            | Self::Stalled
-            | Self::Truncated { .. } => true,
-            Self::Network(e) => !e.is_builder() && !e.is_redirect(),
-            Self::NotLoggedIn | Self::Status { .. } | Self::InvalidResponse(_) => false,
+            Self::RateLimited { retry_after } => Observed::Status {
+                status: 429,
+                errcode: Some("M_LIMIT_EXCEEDED".into()),
+                retry_after: *retry_after,
+            },
+            Self::Server { status } => Observed::Status {
+                status: *status,
+                errcode: None,
+                retry_after: None,
+            },
+            Self::Status {
+                status, errcode, ..
+            } => Observed::Status {
+                status: *status,
+                errcode: errcode.clone(),
+                retry_after: None,
+            },
+            Self::Stalled | Self::Truncated { .. } => Observed::Network,
+            Self::Network(e) if e.is_builder() || e.is_redirect() => Observed::Invalid,
+            Self::Network(_) => Observed::Network,
+            Self::NotLoggedIn | Self::InvalidResponse(_) => Observed::Invalid,
         }
     }
 

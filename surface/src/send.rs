@@ -4,7 +4,8 @@
 //! is recorded in the journal before the first try, so a retry — in this process or after a
 //! crash — reuses the id and the homeserver returns the event it already created.
 //!
-//! What happens when the homeserver does not accept a post is decided by [`verdict`]:
+//! What happens when the homeserver does not accept a post is decided by
+//! [`crate::retry::verdict`]:
 //! * rate limited (429): wait as long as it asks (`retry_after_ms` / `Retry-After`), try again;
 //! * unreachable, overloaded (5xx) or otherwise passing trouble: back off exponentially with
 //!   jitter and try again, for as long as it takes — until shutdown, after which the turn
@@ -33,71 +34,10 @@ use tracing::{error, info, warn};
 use crate::context::Shared;
 use crate::journal::SendState;
 use crate::render::{self, ReplyTarget};
+use crate::retry::{Observed, Verdict, verdict};
 
 /// The longest wait a homeserver's `Retry-After` is honoured for (longer asks are clamped).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
-
-/// What went wrong with a request, reduced to what the retry decision needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Observed {
-    /// No HTTP answer: connection refused or reset, timeout, name resolution.
-    Network,
-    /// The homeserver answered with an error status.
-    Status {
-        /// The HTTP status.
-        status: u16,
-        /// The Matrix `errcode`, e.g. `M_FORBIDDEN`.
-        errcode: Option<String>,
-        /// How long the server asked us to wait.
-        retry_after: Option<Duration>,
-    },
-    /// The event cannot be sent as it is (it does not serialize, the bot left the room).
-    Invalid,
-    /// A local failure (store, encryption) that may clear up.
-    Local,
-}
-
-/// What to do about a failed post.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Rate limited: wait as asked (or back off if the server did not say), then retry.
-    RateLimited(Option<Duration>),
-    /// Passing trouble: back off with jitter, then retry.
-    Transient,
-    /// Retrying cannot help: park it and report it.
-    Permanent,
-}
-
-/// The retry decision (pure).
-pub fn verdict(observed: &Observed) -> Verdict {
-    match observed {
-        Observed::Network | Observed::Local => Verdict::Transient,
-        Observed::Invalid => Verdict::Permanent,
-        Observed::Status {
-            status,
-            errcode,
-            retry_after,
-        } => {
-            let code = errcode.as_deref();
-            if *status == 429 || code == Some("M_LIMIT_EXCEEDED") {
-                Verdict::RateLimited(*retry_after)
-            } else if *status >= 500 || *status == 408 {
-                Verdict::Transient
-            } else if *status == 401
-                || matches!(
-                    code,
-                    Some("M_UNKNOWN_TOKEN" | "M_MISSING_TOKEN" | "M_RESOURCE_LIMIT_EXCEEDED")
-                )
-            {
-                // A revoked token or a server over its resource limits: an operator can fix
-                // these, and the answer must still be there when they do.
-                Verdict::Transient
-            } else {
-                Verdict::Permanent
-            }
-        }
-    }
-}
 
 /// A post the homeserver refused for good.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,42 +327,6 @@ mod tests {
             status,
             errcode: errcode.map(str::to_owned),
             retry_after: retry_ms.map(Duration::from_millis),
-        }
-    }
-
-    #[test]
-    fn verdicts() {
-        use Verdict::*;
-        let table = [
-            (Observed::Network, Transient),
-            (Observed::Local, Transient),
-            (Observed::Invalid, Permanent),
-            (
-                status(429, Some("M_LIMIT_EXCEEDED"), Some(1500)),
-                RateLimited(Some(Duration::from_millis(1500))),
-            ),
-            (status(429, None, None), RateLimited(None)),
-            (
-                status(400, Some("M_LIMIT_EXCEEDED"), Some(20)),
-                RateLimited(Some(Duration::from_millis(20))),
-            ),
-            (status(500, Some("M_UNKNOWN"), None), Transient),
-            (status(502, None, None), Transient),
-            (status(503, None, None), Transient),
-            (status(408, None, None), Transient),
-            (status(401, Some("M_UNKNOWN_TOKEN"), None), Transient),
-            (
-                status(403, Some("M_RESOURCE_LIMIT_EXCEEDED"), None),
-                Transient,
-            ),
-            (status(403, Some("M_FORBIDDEN"), None), Permanent),
-            (status(413, Some("M_TOO_LARGE"), None), Permanent),
-            (status(400, Some("M_BAD_JSON"), None), Permanent),
-            (status(404, Some("M_NOT_FOUND"), None), Permanent),
-            (status(404, None, None), Permanent),
-        ];
-        for (observed, expected) in table {
-            assert_eq!(verdict(&observed), expected, "{observed:?}");
         }
     }
 
