@@ -3,10 +3,12 @@
 mod layout;
 mod messages;
 mod path;
+mod secret;
 
 pub use layout::{ChatId, ChatIdError, chat_dir, matrix_id_component, room_dir, surface_root};
 pub use messages::*;
 pub use path::{MAX_COMPONENT_BYTES, MAX_DEPTH, MAX_PATH_BYTES, WorkspacePath, WorkspacePathError};
+pub use secret::Secret;
 
 /// Version of this protocol. A peer with another version is refused at the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;

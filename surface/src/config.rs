@@ -1,7 +1,6 @@
 //! The surface's configuration: read from the environment, converted to rich types and validated
 //! before anything logs in or binds.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,27 +9,7 @@ use matrix_sdk::ruma::{OwnedDeviceId, OwnedUserId};
 use url::Url;
 use wildmatch::WildMatch;
 
-/// A secret string: usable by the code, never printed by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret.
-    pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
-    }
-
-    /// The secret itself. Callers must not log it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
+pub use protocol::Secret;
 
 /// How the bot authenticates on its first start.
 #[derive(Debug, Clone)]
