@@ -78,29 +78,14 @@ pub struct NewEvent {
     pub disposition: Disposition,
 }
 
-/// An event read back from the journal.
+/// An event read back from the journal: what was recorded, and where it stands in arrival
+/// order (room order within a room).
 #[derive(Debug, Clone)]
 pub struct JournaledEvent {
-    /// Arrival order (room order within a room).
+    /// Arrival order.
     pub ord: i64,
-    /// Matrix event id.
-    pub event_id: String,
-    /// Room id.
-    pub room_id: String,
-    /// Chat id.
-    pub chat_id: Option<ChatId>,
-    /// Thread root when the chat is a thread.
-    pub thread_root: Option<String>,
-    /// Sender.
-    pub sender: String,
-    /// Sender display name.
-    pub sender_name: Option<String>,
-    /// `origin_server_ts`, ms.
-    pub origin_ts: u64,
-    /// Raw content JSON.
-    pub content: Option<String>,
-    /// The decision.
-    pub disposition: Disposition,
+    /// The event as it was recorded.
+    pub event: NewEvent,
 }
 
 /// A chat that has work left (for starting lanes after a restart).
@@ -343,15 +328,17 @@ impl Journal {
     fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<JournaledEvent> {
         Ok(JournaledEvent {
             ord: r.get(0)?,
-            event_id: r.get(1)?,
-            room_id: r.get(2)?,
-            chat_id: chat_id_col(r.get(3)?),
-            thread_root: r.get(4)?,
-            sender: r.get(5)?,
-            sender_name: r.get(6)?,
-            origin_ts: r.get::<_, i64>(7)? as u64,
-            content: r.get(8)?,
-            disposition: Disposition::parse(&r.get::<_, String>(9)?),
+            event: NewEvent {
+                event_id: r.get(1)?,
+                room_id: r.get(2)?,
+                chat_id: chat_id_col(r.get(3)?),
+                thread_root: r.get(4)?,
+                sender: r.get(5)?,
+                sender_name: r.get(6)?,
+                origin_ts: r.get::<_, i64>(7)? as u64,
+                content: r.get(8)?,
+                disposition: Disposition::parse(&r.get::<_, String>(9)?),
+            },
         })
     }
 
@@ -718,11 +705,11 @@ mod tests {
             assert!(j.contains("$2").unwrap());
             assert_eq!(j.pending_count(&chat).unwrap(), 2);
             let first = j.next_pending(&chat).unwrap().unwrap();
-            assert_eq!(first.event_id, "$1");
+            assert_eq!(first.event.event_id, "$1");
             let after = j.next_pending_after(&chat, first.ord).unwrap().unwrap();
-            assert_eq!(after.event_id, "$3", "skipped events are not pending");
+            assert_eq!(after.event.event_id, "$3", "skipped events are not pending");
             assert!(j.next_pending_after(&chat, after.ord).unwrap().is_none());
-            assert_eq!(first.disposition, Disposition::Context);
+            assert_eq!(first.event.disposition, Disposition::Context);
             let cm = ContextMessage {
                 id: "$1".into(),
                 sender: Sender {
@@ -734,7 +721,7 @@ mod tests {
                 timestamp_ms: 1000,
             };
             j.set_context_ready("$1", &cm).unwrap();
-            assert_eq!(j.next_pending(&chat).unwrap().unwrap().event_id, "$3");
+            assert_eq!(j.next_pending(&chat).unwrap().unwrap().event.event_id, "$3");
             assert_eq!(j.ready_context(&chat).unwrap(), vec![("$1".to_owned(), cm)]);
             let m = j.create_turn(&chat, msg("$3"), &["$1".into()]).unwrap();
             assert_eq!(m.seq, 1);

@@ -24,7 +24,7 @@ use crate::agent_link::{self, LinkEvent, LinkHandle};
 use crate::context::Ctx;
 use crate::decide::Waiting;
 use crate::filename::pick_name;
-use crate::journal::{ChatRef, Disposition, JournaledEvent};
+use crate::journal::{ChatRef, Disposition, JournaledEvent, NewEvent};
 use crate::media::{self, DownloadRequest};
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing, PostError};
@@ -365,8 +365,9 @@ struct Prepared {
 }
 
 impl Lane {
-    #[instrument(skip_all, fields(room_id = %ev.room_id, event_id = %ev.event_id))]
-    async fn process(&mut self, ev: JournaledEvent) {
+    #[instrument(skip_all, fields(room_id = %journaled.event.room_id, event_id = %journaled.event.event_id))]
+    async fn process(&mut self, journaled: JournaledEvent) {
+        let JournaledEvent { ord, event: ev } = journaled;
         // Create the sender's outbox for this room early, so it is being watched before anyone
         // drops a file there (a folder created together with its first file can race the
         // watcher).
@@ -410,7 +411,7 @@ impl Lane {
                 let mut prepared = prepared;
                 if prepared.text.trim().is_empty()
                     && !prepared.attachments.is_empty()
-                    && let Some((caption_id, caption)) = self.caption_for(&ev).await
+                    && let Some((caption_id, caption)) = self.caption_for(&ev, ord).await
                 {
                     info!(caption_event_id = %caption_id, "file and caption become one turn");
                     prepared.text = caption;
@@ -458,7 +459,7 @@ impl Lane {
 
     /// A text message the same sender sent right after a file-only message: its caption, sent
     /// as a second event by some clients. Returns its event id and text.
-    async fn caption_for(&self, file_ev: &JournaledEvent) -> Option<(String, String)> {
+    async fn caption_for(&self, file_ev: &NewEvent, ord: i64) -> Option<(String, String)> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -473,25 +474,27 @@ impl Lane {
         let next = self
             .ctx
             .journal
-            .next_pending_after(&self.chat.chat_id, file_ev.ord)
+            .next_pending_after(&self.chat.chat_id, ord)
             .ok()??;
         let window = CAPTION_WINDOW.as_millis() as u64;
-        if next.sender != file_ev.sender
-            || next.origin_ts > file_ev.origin_ts.saturating_add(window)
+        if next.event.sender != file_ev.sender
+            || next.event.origin_ts > file_ev.origin_ts.saturating_add(window)
         {
             return None;
         }
         let content: RoomMessageEventContent =
-            serde_json::from_str(next.content.as_deref()?).ok()?;
+            serde_json::from_str(next.event.content.as_deref()?).ok()?;
         match content.msgtype {
-            MessageType::Text(t) if !t.body.trim().is_empty() => Some((next.event_id, t.body)),
+            MessageType::Text(t) if !t.body.trim().is_empty() => {
+                Some((next.event.event_id, t.body))
+            }
             _ => None,
         }
     }
 
     /// Parses the event and downloads its file, if any. Download failures are told to the
     /// room and logged; the message's other content still goes on.
-    async fn prepare(&self, ev: &JournaledEvent) -> Prepared {
+    async fn prepare(&self, ev: &NewEvent) -> Prepared {
         let content: RoomMessageEventContent =
             match serde_json::from_str(ev.content.as_deref().unwrap_or("{}")) {
                 Ok(c) => c,
@@ -558,7 +561,7 @@ impl Lane {
 
     async fn download(
         &self,
-        ev: &JournaledEvent,
+        ev: &NewEvent,
         source: MediaSource,
         name: String,
         declared_size: Option<u64>,
