@@ -5,7 +5,8 @@
 //! * [`config`]: the typed configuration from environment variables (secrets redacted).
 //! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown.
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
-//! * [`session`]: chats, handshake, admission (store, then ack), the per-chat turn lane.
+//! * [`session`]: chats, handshake, admission by message id (decide, store, then ack), the
+//!   per-chat turn lane.
 //! * [`store`]: one JSON record per chat, replaced atomically.
 //! * [`turn`]: what a running turn may do ([`turn::TurnIo`]), questions and approvals.
 //! * [`tools`]: the typed tool registry with policies; the tools themselves.

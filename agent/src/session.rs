@@ -2,6 +2,8 @@
 //! connection) and the driver of one connection: handshake, admission of turns (stored, then
 //! acknowledged), replies, and the worker that runs the chat's turns one at a time, in order.
 
+mod admission;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, instrument, warn};
 
+pub use self::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, Refusal, decide};
 use crate::AppState;
 use crate::brain::{BrainError, TurnInput};
 use crate::confine::{ChatScope, ScopedWorkspace, Workspace};
@@ -70,15 +73,6 @@ pub struct Chat {
     current: Mutex<Option<(u64, CancellationToken)>>,
 }
 
-/// What [`Chat::admit`] did with a user message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// Stored durably; it will run.
-    New,
-    /// Already stored (same id, or a `seq` at or below the last stored one); not run again.
-    Duplicate,
-}
-
 impl Chat {
     /// Applies `change` to a copy of the record, stores it durably, then keeps it.
     async fn update<T>(&self, change: impl FnOnce(&mut ChatRecord) -> T) -> Result<T, StoreError> {
@@ -116,27 +110,31 @@ impl Chat {
         current.as_ref().is_some_and(|(c, _)| *c == conn)
     }
 
-    /// Highest stored `seq`.
+    /// Highest stored `seq` (0 before the first turn); the handshake reports it.
     pub async fn last_seq(&self) -> u64 {
         self.record.lock().await.last_seq
     }
 
-    /// Stores a user message durably unless it is a duplicate. Check and store happen under
-    /// one lock, so two connections racing with the same message cannot both store it.
+    /// Stores a user message durably if [`decide`] admits it as new; a duplicate or a refused
+    /// message leaves the record untouched. Decision and store happen under one lock, so two
+    /// connections racing with the same message cannot both store it.
     pub async fn admit(&self, msg: &UserMessage) -> Result<Admission, StoreError> {
         let mut record = self.record.lock().await;
-        if record.turn(&msg.id).is_some() || msg.seq <= record.last_seq {
-            return Ok(Admission::Duplicate);
+        let admission = decide(record.turn(&msg.id).is_some(), msg.seq, record.last_seq);
+        if admission != Admission::New {
+            return Ok(admission);
         }
-        if msg.seq != record.last_seq + 1 {
+        // `checked_add`: a record from an older agent may hold `last_seq == u64::MAX`.
+        if record.last_seq.checked_add(1) != Some(msg.seq) {
+            // Admitted all the same: the id is what identifies a message.
             warn!(
                 seq = msg.seq,
                 last_seq = record.last_seq,
-                "gap in sequence numbers"
+                "sequence number out of line (a gap, or reused)"
             );
         }
         let mut next = record.clone();
-        next.last_seq = msg.seq;
+        next.last_seq = next.last_seq.max(msg.seq);
         next.room_id.get_or_insert_with(|| msg.room_id.clone());
         if next.thread_root.is_none() {
             next.thread_root = msg.thread_root.clone();
@@ -411,7 +409,7 @@ enum Next {
     Run,
     /// A resend of a stored turn: queue it so a finished one has its answer sent again.
     Replay,
-    /// Nothing more to do (duplicate or refused).
+    /// Nothing more to do (not for this chat, or refused).
     Skip,
     /// End the connection (nothing could be stored).
     Disconnect,
@@ -434,6 +432,17 @@ async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> Next {
         return Next::Skip;
     }
     match chat.admit(m).await {
+        Ok(Admission::Refused(why)) => {
+            // Not stored and not acknowledged: the chat goes on with the next message.
+            warn!(reason = %why, "message refused");
+            let _ = out
+                .error(
+                    ErrorCode::BadMessage,
+                    format!("message {} refused: {why}", m.id),
+                )
+                .await;
+            Next::Skip
+        }
         Ok(admission) => {
             let duplicate = admission == Admission::Duplicate;
             if duplicate {

@@ -24,9 +24,10 @@ pub struct ChatRecord {
     /// The thread root, when the chat is a thread.
     #[serde(default)]
     pub thread_root: Option<String>,
-    /// Highest `seq` stored.
+    /// Highest `seq` stored (0 while there are no turns). Messages are identified by id, so
+    /// a new id with a lower `seq` is stored too and leaves this unchanged.
     pub last_seq: u64,
-    /// Every turn, in `seq` order.
+    /// Every turn, in arrival order (not necessarily `seq` order).
     pub turns: Vec<TurnRecord>,
     /// `(tool, resource)` pairs the user allowed for good.
     #[serde(default)]

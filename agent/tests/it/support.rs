@@ -184,7 +184,7 @@ pub fn message(seq: u64, id: &str, text: &str) -> UserMessage {
         attachments: Vec::new(),
         attachment_info: Default::default(),
         context: Vec::new(),
-        timestamp_ms: 1_700_000_000_000 + seq,
+        timestamp_ms: 1_700_000_000_000_u64.saturating_add(seq),
     }
 }
 
