@@ -1,0 +1,106 @@
+//! Log set-up for the binary: `RUST_LOG` (or a quiet default for the SDK), no colour codes
+//! off a terminal, and matrix-sdk's ERROR line for every 404 dropped: the SDK logs each failed
+//! request before its caller decides that "not found" is an expected answer (account data
+//! never written, an event the homeserver does not hand out), so operators read breakage
+//! where there is none. Other failures keep their ERROR line.
+
+use std::io::IsTerminal;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// The filter when `RUST_LOG` is not set.
+const DEFAULT_FILTER: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
+                              matrix_sdk_crypto::backups=error";
+
+/// Installs the global subscriber.
+pub fn init() {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    tracing_subscriber::registry()
+        .with(QuietNotFound)
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal()))
+        .init();
+}
+
+/// Drops matrix-sdk's request-failure ERROR events that report a 404.
+#[derive(Debug, Clone, Copy)]
+pub struct QuietNotFound;
+
+impl<S: Subscriber> Layer<S> for QuietNotFound {
+    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        let meta = event.metadata();
+        if *meta.level() != Level::ERROR || !meta.target().starts_with("matrix_sdk::http_client") {
+            return true;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        !is_not_found(&message.0)
+    }
+}
+
+/// Whether the SDK's failure text is a 404 (pure).
+pub fn is_not_found(text: &str) -> bool {
+    text.contains("status_code: 404")
+}
+
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn sdk_404s_are_dropped_and_other_errors_kept() {
+        let out = Capture::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::registry().with(QuietNotFound).with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            let e404 = "Api(Server(ClientApi(Error { status_code: 404, body: Standard { kind: NotFound, message: \"Account data not found\" } })))";
+            let e500 = "Api(Server(ClientApi(Error { status_code: 500, body: Standard { kind: Unknown, message: \"Internal error\" } })))";
+            tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: {e404}");
+            tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: {e500}");
+            tracing::error!(target: "surface::send", "post refused: {e404}");
+            tracing::warn!(target: "matrix_sdk::http_client", "slow: {e404}");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let sdk_404 = text
+            .lines()
+            .any(|l| l.contains("ERROR matrix_sdk::http_client") && l.contains("404"));
+        assert!(!sdk_404, "{text}");
+        assert!(text.contains("Internal error"), "{text}");
+        assert!(text.contains("post refused"), "{text}");
+        assert!(text.contains("slow"), "{text}");
+    }
+}
