@@ -55,7 +55,16 @@ pub struct Config {
     /// `SURFACE_OFFLINE_NOTICE`: when messages waited longer than this for a surface that was
     /// down, the room is told they are being answered now (`None`: never).
     pub offline_notice_after: Option<Duration>,
+    /// `SURFACE_KEY_WAIT`: how long a chat waits for the room key of a message that could not
+    /// be decrypted before the room is told and later messages are answered.
+    pub key_wait: Duration,
+    /// `MATRIX_RECOVERY_KEY`: the recovery key (or passphrase) that restores the bot's
+    /// cross-signing identity and key backup on a new state directory.
+    pub recovery_key: Option<Secret>,
 }
+
+/// How long a chat waits for a late room key by default.
+pub const DEFAULT_KEY_WAIT: Duration = Duration::from_secs(60);
 
 /// A setting that is missing or malformed. The message names the variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -216,6 +225,13 @@ impl Config {
                 })?),
             };
 
+        let key_wait = match get("SURFACE_KEY_WAIT") {
+            None => DEFAULT_KEY_WAIT,
+            Some(v) => humantime::parse_duration(&v)
+                .map_err(|e| invalid("SURFACE_KEY_WAIT", format!("{e} (e.g. 60s)")))?,
+        };
+        let recovery_key = get("MATRIX_RECOVERY_KEY").map(Secret::new);
+
         Ok(Self {
             homeserver_url,
             user_id,
@@ -230,6 +246,8 @@ impl Config {
             health_bind,
             inbox_retention,
             offline_notice_after,
+            key_wait,
+            recovery_key,
         })
     }
 
@@ -299,6 +317,8 @@ mod tests {
         assert_eq!(c.health_bind, "0.0.0.0:8701".parse().unwrap());
         assert_eq!(c.inbox_retention, None);
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
+        assert_eq!(c.key_wait, DEFAULT_KEY_WAIT);
+        assert!(c.recovery_key.is_none());
         assert!(c.is_allowed("@alice:example.org"));
         assert!(!c.is_allowed("@eve:evil.org"));
         assert!(matches!(c.auth, Auth::Password(_)));
@@ -354,6 +374,11 @@ mod tests {
                 "SURFACE_OFFLINE_NOTICE",
                 Some("later"),
                 "SURFACE_OFFLINE_NOTICE is invalid",
+            ),
+            (
+                "SURFACE_KEY_WAIT",
+                Some("a while"),
+                "SURFACE_KEY_WAIT is invalid",
             ),
             (
                 "SURFACE_INBOX_RETENTION",

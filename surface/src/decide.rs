@@ -31,6 +31,8 @@ pub struct Facts<'a> {
     pub sender_allowed: bool,
     /// The event is an `m.room.message` (other types are never turns).
     pub is_message: bool,
+    /// The event is still `m.room.encrypted`: its room key has not arrived (yet).
+    pub undecryptable: bool,
     /// `msgtype` is `m.notice` (what bots post; answering them loops bots).
     pub is_notice: bool,
     /// The event edits another one (`m.replace`).
@@ -71,6 +73,8 @@ pub enum Decision {
     Context,
     /// Start a turn.
     Trigger,
+    /// Not decryptable yet: hold its place in the room order until its key arrives.
+    WaitForKey,
     /// The answer to question `question_id`.
     Answer(String),
     /// The decision on approval `request_id`.
@@ -86,6 +90,15 @@ pub enum Decision {
 pub fn decide(f: &Facts<'_>) -> Decision {
     if f.sender == f.bot_user_id {
         return Decision::Ignore(IgnoreReason::OwnEvent);
+    }
+    // Whether an undecryptable event is a message at all is known only once its key arrives;
+    // until then it keeps its place, so later messages are not answered first.
+    if f.undecryptable {
+        return if f.sender_allowed {
+            Decision::WaitForKey
+        } else {
+            Decision::Ignore(IgnoreReason::NotAllowed)
+        };
     }
     if !f.is_message {
         return Decision::Ignore(IgnoreReason::NotAMessage);
@@ -232,6 +245,31 @@ mod tests {
                     f.direct_chat = true;
                 },
                 Decision::Ignore(IgnoreReason::Edit),
+            ),
+            (
+                "undecryptable from an allowed user",
+                |f| {
+                    f.undecryptable = true;
+                    f.is_message = false;
+                },
+                Decision::WaitForKey,
+            ),
+            (
+                "undecryptable from a stranger",
+                |f| {
+                    f.undecryptable = true;
+                    f.is_message = false;
+                    f.sender_allowed = false;
+                },
+                Decision::Ignore(IgnoreReason::NotAllowed),
+            ),
+            (
+                "own undecryptable",
+                |f| {
+                    f.undecryptable = true;
+                    f.sender = "@bot:hs";
+                },
+                Decision::Ignore(IgnoreReason::OwnEvent),
             ),
             ("m.mentions", |f| f.mentions_bot = true, Decision::Trigger),
             ("reply to bot", |f| f.reply_to_bot = true, Decision::Trigger),

@@ -5,8 +5,11 @@
 //! action — is what makes delivery at-least-once on our side and exactly-once with the agent's
 //! dedup by id.
 //!
-//! Event states: `pending` (a lane must process it), `ready` (a context message prepared and
-//! waiting for the next trigger), `sent` (part of a stored turn not finished yet), `handled`.
+//! Event states: `pending` (a lane must process it), `waiting` (not decryptable yet: its lane
+//! stops there until the key arrives or the wait times out), `late` (the wait timed out and the
+//! room was told; decrypted and handled if the key still comes), `ready` (a context message
+//! prepared and waiting for the next trigger), `sent` (part of a stored turn not finished yet),
+//! `handled`.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -26,6 +29,8 @@ pub enum Disposition {
     Trigger,
     /// Consumed as the answer to a question or approval.
     Answered,
+    /// Not decryptable yet; its content is the whole encrypted event, kept to try again.
+    Waiting,
 }
 
 impl Disposition {
@@ -35,6 +40,7 @@ impl Disposition {
             Self::Context => "context",
             Self::Trigger => "trigger",
             Self::Answered => "answered",
+            Self::Waiting => "waiting",
         }
     }
 
@@ -43,6 +49,7 @@ impl Disposition {
             "context" => Self::Context,
             "trigger" => Self::Trigger,
             "answered" => Self::Answered,
+            "waiting" => Self::Waiting,
             _ => Self::Skip,
         }
     }
@@ -51,6 +58,7 @@ impl Disposition {
         match self {
             Self::Context | Self::Trigger => "pending",
             Self::Skip | Self::Answered => "handled",
+            Self::Waiting => "waiting",
         }
     }
 }
@@ -86,6 +94,17 @@ pub struct JournaledEvent {
     pub ord: i64,
     /// The event as it was recorded.
     pub event: NewEvent,
+}
+
+/// An event journaled before its room key arrived.
+#[derive(Debug, Clone)]
+pub struct Undecrypted {
+    /// The event (its `content` is the whole encrypted event).
+    pub journaled: JournaledEvent,
+    /// When it was journaled, ms since the epoch.
+    pub recorded_ms: u64,
+    /// Its wait timed out: the room was told and its lane went on.
+    pub late: bool,
 }
 
 /// A chat that has work left (for starting lanes after a restart).
@@ -345,10 +364,12 @@ impl Journal {
     const EVENT_COLS: &str = "ord, event_id, room_id, chat_id, thread_root, sender, sender_name, \
                               origin_ts, content, disposition";
 
-    /// The oldest event of `chat` a lane still has to process.
+    /// The oldest event of `chat` a lane still has to process. When it is still waiting for
+    /// its room key (disposition [`Disposition::Waiting`]), the lane must not go past it.
     pub fn next_pending(&self, chat: &ChatId) -> Result<Option<JournaledEvent>> {
         let sql = format!(
-            "SELECT {} FROM events WHERE chat_id = ?1 AND state = 'pending' ORDER BY ord LIMIT 1",
+            "SELECT {} FROM events WHERE chat_id = ?1 AND state IN ('pending', 'waiting') \
+             ORDER BY ord LIMIT 1",
             Self::EVENT_COLS
         );
         Ok(self
@@ -373,7 +394,7 @@ impl Journal {
     /// How many events of `chat` wait for its lane.
     pub fn pending_count(&self, chat: &ChatId) -> Result<u64> {
         Ok(self.conn().query_row(
-            "SELECT COUNT(*) FROM events WHERE chat_id = ?1 AND state = 'pending'",
+            "SELECT COUNT(*) FROM events WHERE chat_id = ?1 AND state IN ('pending', 'waiting')",
             [chat.as_str()],
             |r| r.get::<_, i64>(0),
         )? as u64)
@@ -402,6 +423,62 @@ impl Journal {
             }
         }
         Ok(out)
+    }
+
+    /// Events still waiting for their room key (and late ones), oldest first.
+    pub fn undecrypted(&self) -> Result<Vec<Undecrypted>> {
+        let sql = format!(
+            "SELECT {}, recorded_ms, state FROM events WHERE state IN ('waiting', 'late') \
+             ORDER BY ord",
+            Self::EVENT_COLS
+        );
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map([], |r| {
+            Ok(Undecrypted {
+                journaled: Self::row_to_event(r)?,
+                recorded_ms: r.get::<_, i64>(10)? as u64,
+                late: r.get::<_, String>(11)? == "late",
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Replaces a waiting (or late) event by what its decryption revealed and the decision on
+    /// it. Returns false when it was not waiting any more (resolved meanwhile).
+    pub fn resolve_undecrypted(&self, ev: &NewEvent) -> Result<bool> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let n = tx.execute(
+            "UPDATE events SET chat_id = ?2, thread_root = ?3, sender_name = ?4, content = ?5, \
+             disposition = ?6, state = ?7 WHERE event_id = ?1 AND state IN ('waiting', 'late')",
+            params![
+                ev.event_id,
+                ev.chat_id.as_ref().map(ChatId::as_str),
+                ev.thread_root,
+                ev.sender_name,
+                ev.content,
+                ev.disposition.as_str(),
+                ev.disposition.initial_state(),
+            ],
+        )?;
+        if let Some(chat) = &ev.chat_id {
+            tx.execute(
+                "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
+                params![chat.as_str(), ev.room_id, ev.thread_root],
+            )?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// A waiting event's wait timed out: its lane goes on without it. Returns false when it was
+    /// not waiting any more.
+    pub fn mark_late(&self, event_id: &str) -> Result<bool> {
+        Ok(self.conn().execute(
+            "UPDATE events SET state = 'late' WHERE event_id = ?1 AND state = 'waiting'",
+            [event_id],
+        )? == 1)
     }
 
     /// Stores the prepared context message of a context event (its files are downloaded).

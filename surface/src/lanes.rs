@@ -329,9 +329,13 @@ async fn lane(ctx: Ctx, chat: ChatRef, handle: Arc<LaneHandle>) {
         }
         let notified = handle.notify.notified();
         match ctx.journal.next_pending(&lane.chat.chat_id) {
-            Ok(Some(ev)) => lane.process(ev).await,
-            Ok(None) => {
-                ctx.lanes.backlog_drained(&lane.chat.chat_id);
+            Ok(Some(ev)) if ev.event.disposition != Disposition::Waiting => lane.process(ev).await,
+            // Nothing to do, or the next message waits for its room key: later ones wait too
+            // (`undecrypted` pokes the lane when the key comes or the wait is over).
+            Ok(next) => {
+                if next.is_none() {
+                    ctx.lanes.backlog_drained(&lane.chat.chat_id);
+                }
                 tokio::select! {
                     _ = ctx.shutdown.cancelled() => return,
                     _ = notified => {}
@@ -449,6 +453,8 @@ impl Lane {
                 }
             }
             Disposition::Skip | Disposition::Answered => journal.mark_handled(&ev.event_id),
+            // Never handed to `process` (the lane stops before it); left as it is.
+            Disposition::Waiting => Ok(()),
         };
         if let Err(e) = result {
             // Leave the event pending: it is retried, never dropped.

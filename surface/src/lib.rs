@@ -7,10 +7,13 @@ pub mod config;
 pub mod connection;
 pub mod context;
 pub mod decide;
+pub mod event;
 pub mod filename;
 pub mod health;
+pub mod ingest;
 pub mod journal;
 pub mod lanes;
+pub mod logging;
 pub mod media;
 pub mod mime;
 pub mod outbound;
@@ -21,6 +24,8 @@ pub mod retry;
 pub mod send;
 pub mod session;
 pub mod sync;
+pub mod trust;
+pub mod undecrypted;
 pub mod workspace;
 
 use std::sync::{Arc, RwLock};
@@ -120,6 +125,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracker.spawn(probe_agent(ctx.clone()));
     tracker.spawn(outbound::run_outbox(ctx.clone()));
     tracker.spawn(outbound::run_retention(ctx.clone()));
+    tracker.spawn(undecrypted::run(ctx.clone()));
+    tracker.spawn({
+        let ctx = ctx.clone();
+        async move {
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => {}
+                _ = trust::ensure(&ctx.client, &ctx.config) => {}
+            }
+        }
+    });
     for chat in ctx.journal.chats_with_work()? {
         ctx.lanes.poke(&ctx, chat);
     }

@@ -114,6 +114,7 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
         // `http://localhost:8008`) is often unreachable from inside a container.
         .respect_login_well_known(false)
         .sqlite_store(&store, None)
+        .with_encryption_settings(crate::trust::settings())
         .build()
         .await?;
     let path = session_path(state);

@@ -1,0 +1,299 @@
+//! From timeline events to journal rows: each event is classified by the pure
+//! [`crate::decide`], the batch is journaled in one transaction before anything acts on it, and
+//! then answers go to the waiting turn and lanes are woken. Also used when an event that could
+//! not be decrypted finally can be ([`crate::undecrypted`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
+use matrix_sdk::{Room, RoomMemberships};
+use protocol::ChatId;
+use tracing::{debug, error, info, warn};
+
+use crate::context::Ctx;
+use crate::decide::{self, Decision, Facts};
+use crate::event::RawEvent;
+use crate::journal::{ChatRef, Disposition, NewEvent};
+use crate::render;
+use crate::send::{self, Outgoing};
+
+/// What [`classify`] needs to know about the room, read once per batch.
+#[derive(Debug, Clone)]
+pub struct RoomFacts {
+    /// Joined members (a DM has at most two).
+    pub members: u64,
+    /// The bot's display name, for mentions.
+    pub bot_display_name: Option<String>,
+}
+
+impl RoomFacts {
+    /// Reads them from the client's store.
+    pub async fn read(ctx: &Ctx, room: &Room) -> Self {
+        let mut members = room.joined_members_count();
+        if members == 0 {
+            members = room
+                .members_no_sync(RoomMemberships::JOIN)
+                .await
+                .map(|m| m.len() as u64)
+                .unwrap_or(0);
+        }
+        Self {
+            members,
+            bot_display_name: ctx.bot_display_name(),
+        }
+    }
+}
+
+/// Classifies `e` and builds its journal row.
+pub async fn classify(
+    ctx: &Ctx,
+    room: &Room,
+    facts: &RoomFacts,
+    e: &RawEvent,
+) -> (NewEvent, Decision) {
+    let room_id = room.room_id().as_str();
+    let bot = ctx.config.user_id.as_str();
+    let thread_root = e.thread_root();
+    let reply_to_bot = e
+        .in_reply_to()
+        .is_some_and(|id| ctx.journal.is_own_post(id).unwrap_or(false))
+        || thread_root
+            .as_deref()
+            .is_some_and(|r| ctx.journal.bot_in_thread(r).unwrap_or(false));
+    let decision = decide::decide(&Facts {
+        bot_user_id: bot,
+        bot_display_name: facts.bot_display_name.as_deref(),
+        sender: &e.sender,
+        sender_allowed: ctx.config.is_allowed(&e.sender),
+        is_message: e.kind == "m.room.message",
+        undecryptable: e.is_undecryptable(),
+        is_notice: e.msgtype() == "m.notice",
+        is_edit: e.rel_type() == Some("m.replace"),
+        body: e.body(),
+        mentions_bot: e.mentions(bot),
+        reply_to_bot,
+        direct_chat: facts.members <= 2,
+        waiting: ctx.waits.lookup(room_id, &e.sender),
+    });
+    let disposition = match &decision {
+        Decision::Ignore(_) => Disposition::Skip,
+        Decision::Context => Disposition::Context,
+        Decision::Trigger => Disposition::Trigger,
+        Decision::WaitForKey => Disposition::Waiting,
+        Decision::Answer(_) | Decision::Approval { .. } => Disposition::Answered,
+    };
+    let keep = disposition != Disposition::Skip;
+    let sender_name = if keep {
+        match room
+            .get_member_no_sync(e.sender.as_str().try_into().unwrap_or(&ctx.config.user_id))
+            .await
+        {
+            Ok(Some(m)) => m.display_name().map(str::to_owned),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let content = match disposition {
+        Disposition::Skip => None,
+        // The whole encrypted event: what decrypting it again needs.
+        Disposition::Waiting => serde_json::to_string(e).ok(),
+        _ => Some(e.content.to_string()),
+    };
+    let row = NewEvent {
+        event_id: e.event_id.clone(),
+        room_id: room_id.to_owned(),
+        chat_id: keep.then(|| ChatId::for_conversation(room_id, thread_root.as_deref())),
+        thread_root: if keep { thread_root } else { None },
+        sender: e.sender.clone(),
+        sender_name,
+        origin_ts: e.origin_server_ts,
+        content,
+        disposition,
+    };
+    (row, decision)
+}
+
+/// Chats to wake after a batch, each once.
+pub type Pokes = BTreeMap<ChatId, ChatRef>;
+
+/// Acts on a journaled event: an answer goes to the waiting question or approval, a message to
+/// its lane (woken by [`wake`]).
+pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, body: &str, pokes: &mut Pokes) {
+    match decision {
+        Decision::Ignore(reason) => {
+            if ev.sender != ctx.config.user_id.as_str() {
+                debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
+            }
+        }
+        Decision::Answer(question_id) => {
+            let text = decide::strip_reply_fallback(body);
+            let delivered = ctx.waits.answer(&question_id, text, &ev.sender);
+            info!(event_id = %ev.event_id, question_id = %question_id, delivered, "answer received");
+        }
+        Decision::Approval { request_id, choice } => {
+            let delivered = ctx.waits.decide(&request_id, choice, &ev.sender);
+            info!(event_id = %ev.event_id, request_id = %request_id, ?choice, delivered, "approval answered");
+        }
+        Decision::Context | Decision::Trigger | Decision::WaitForKey => {
+            if let Some(chat) = &ev.chat_id {
+                debug!(event_id = %ev.event_id, chat_id = %chat, disposition = ?ev.disposition, "journaled");
+                pokes.entry(chat.clone()).or_insert_with(|| ChatRef {
+                    chat_id: chat.clone(),
+                    room_id: ev.room_id.clone(),
+                    thread_root: ev.thread_root.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// Wakes the lanes of `pokes`.
+pub fn wake(ctx: &Ctx, pokes: Pokes) {
+    for chat in pokes.into_values() {
+        ctx.lanes.poke(ctx, chat);
+    }
+}
+
+/// Decides and journals `events` of `room` (one transaction), then acts: answers go to the
+/// waiting turn, lanes are woken.
+pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
+    let room_id = room.room_id().as_str();
+    if events.is_empty() {
+        // Still mark the room as seen: its later gaps are then real gaps.
+        if let Err(e) = ctx.journal.record(room_id, &[]) {
+            error!(error = %e, "journal write failed");
+        }
+        return;
+    }
+    let facts = RoomFacts::read(ctx, room).await;
+    let mut rows = Vec::with_capacity(events.len());
+    let mut decisions = Vec::with_capacity(events.len());
+    for e in &events {
+        let (row, decision) = classify(ctx, room, &facts, e).await;
+        if decision == Decision::WaitForKey {
+            warn!(
+                room_id,
+                event_id = %e.event_id,
+                sender = %e.sender,
+                session_id = %e.str_field("session_id"),
+                "message not decryptable yet; its chat waits for the room key"
+            );
+        }
+        rows.push(row);
+        decisions.push(decision);
+    }
+    let inserted = match ctx.journal.record(room_id, &rows) {
+        Ok(i) => i,
+        Err(e) => {
+            // Nothing acts on unrecorded events; the next start-up catch-up finds them again.
+            error!(error = %e, "journal write failed; events will be caught up later");
+            return;
+        }
+    };
+    if let Some(after) = ctx.config.offline_notice_after {
+        let fresh_triggers: Vec<u64> = rows
+            .iter()
+            .zip(&inserted)
+            .filter(|(ev, new)| {
+                **new && matches!(ev.disposition, Disposition::Trigger | Disposition::Waiting)
+            })
+            .map(|(ev, _)| ev.origin_ts)
+            .collect();
+        let missed = missed_while_offline(&fresh_triggers, ctx.started_ms, now_ms(), after);
+        if missed > 0 {
+            announce_catch_up(ctx, room, missed).await;
+        }
+    }
+    let mut pokes = Pokes::new();
+    for (((row, decision), new), e) in rows.iter().zip(decisions).zip(inserted).zip(&events) {
+        if new {
+            act(ctx, row, decision, e.body(), &mut pokes);
+        }
+    }
+    wake(ctx, pokes);
+}
+
+/// How many of the newly journaled triggers (their send times in ms) arrived while this
+/// process was not running and waited at least `after` (pure).
+fn missed_while_offline(
+    trigger_ts: &[u64],
+    started_ms: u64,
+    now_ms: u64,
+    after: Duration,
+) -> usize {
+    let after = after.as_millis() as u64;
+    trigger_ts
+        .iter()
+        .filter(|ts| **ts < started_ms && now_ms.saturating_sub(**ts) >= after)
+        .count()
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// Tells `room` that messages sent while the bot was down are being answered now. Once per
+/// room and process start (the transaction id says so, and the journal remembers it across a
+/// crash); a courtesy, so it does not hold up the sync loop for long.
+async fn announce_catch_up(ctx: &Ctx, room: &Room, missed: usize) {
+    let room_id = room.room_id().as_str();
+    info!(
+        room_id,
+        missed, "messages arrived while the surface was down; catching up"
+    );
+    let text = if missed == 1 {
+        "👋 I was offline and missed a message; answering it now.".to_owned()
+    } else {
+        format!("👋 I was offline and missed {missed} messages; answering them now, in order.")
+    };
+    let txn = render::notice_txn_id(&format!("{room_id}:{}", ctx.started_ms), "offline");
+    let out = Outgoing {
+        txn: &txn,
+        thread_root: None,
+        about: None,
+        purpose: "offline",
+    };
+    let content = RoomMessageEventContent::notice_plain(text);
+    match tokio::time::timeout(Duration::from_secs(10), send::post(ctx, room, content, out)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn!(room_id, error = %e, "could not post the catch-up notice"),
+        Err(_) => warn!(room_id, "the catch-up notice took too long; skipped"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_missed_while_offline() {
+        let min = Duration::from_secs(60);
+        let start = 1_000_000;
+        let now = start + 5_000;
+        let table: &[(&[u64], usize)] = &[
+            (&[], 0),
+            // Sent while running: not missed.
+            (&[start + 1_000], 0),
+            // Sent just before a quick restart: not worth a notice.
+            (&[start - 2_000], 0),
+            // Waited over a minute for a surface that was down.
+            (
+                &[start - 120_000, start - 90_000, start - 1_000, start + 10],
+                2,
+            ),
+        ];
+        for (ts, expected) in table {
+            assert_eq!(
+                missed_while_offline(ts, start, now, min),
+                *expected,
+                "{ts:?}"
+            );
+        }
+    }
+}
