@@ -1,8 +1,11 @@
 //! Harness for the end-to-end tests: a real Synapse (started by `scripts/synapse.sh`, shared by
 //! the suite or a [`DedicatedSynapse`] of one test), the real `agent` and `surface` binaries as
-//! child processes, and a Matrix user speaking the client-server API over HTTP.
+//! child processes, and a Matrix user speaking the client-server API over HTTP, or end-to-end
+//! encryption through matrix-sdk ([`E2eeUser`]).
 
 pub mod check;
+pub mod e2ee;
+pub mod keyproxy;
 pub mod matrix;
 pub mod procs;
 pub mod synapse;
@@ -10,6 +13,8 @@ pub mod synapse;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+pub use e2ee::{E2eeUser, Received};
+pub use keyproxy::KeyProxy;
 pub use matrix::{Homeserver, User};
 pub use procs::{Child, Stack, StackOptions};
 pub use synapse::DedicatedSynapse;

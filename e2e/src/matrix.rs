@@ -450,7 +450,7 @@ async fn send_patiently(
 }
 
 /// Percent-encodes a path segment.
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {

@@ -79,6 +79,14 @@ impl Child {
         Ok(())
     }
 
+    /// Sets (`Some`) or removes (`None`) an environment variable for the next [`Child::start`].
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        match value {
+            Some(v) => self.env.insert(key.to_owned(), v.to_owned()),
+            None => self.env.remove(key),
+        };
+    }
+
     /// Process id, if running.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(tokio::process::Child::id)
@@ -152,6 +160,9 @@ pub struct StackOptions {
     pub surface_env: BTreeMap<String, String>,
     /// Extra agent environment.
     pub agent_env: BTreeMap<String, String>,
+    /// The surface logs in with the bot's password (a device of its own, as in production)
+    /// instead of reusing the registration's access token and device.
+    pub password_login: bool,
 }
 
 /// One agent + one surface (logged in as a fresh bot account) sharing a temporary workspace.
@@ -215,8 +226,6 @@ impl Stack {
         let mut env = base(&[
             ("MATRIX_HOMESERVER_URL", hs.url.clone()),
             ("MATRIX_USER_ID", bot.user_id.clone()),
-            ("MATRIX_ACCESS_TOKEN", bot.token.clone()),
-            ("MATRIX_DEVICE_ID", bot.device_id.clone()),
             ("AGENT_URL", format!("ws://127.0.0.1:{agent_port}")),
             ("AGENT_TOKEN", token),
             (
@@ -226,6 +235,12 @@ impl Stack {
             ("SURFACE_HEALTH_BIND", format!("127.0.0.1:{health_port}")),
             ("SURFACE_ALLOWED_USERS", "*".into()),
         ]);
+        if opts.password_login {
+            env.insert("MATRIX_PASSWORD".into(), bot.password.clone());
+        } else {
+            env.insert("MATRIX_ACCESS_TOKEN".into(), bot.token.clone());
+            env.insert("MATRIX_DEVICE_ID".into(), bot.device_id.clone());
+        }
         if let Some(size) = &opts.max_file_size {
             env.insert("SURFACE_MAX_FILE_SIZE".into(), size.clone());
         }
@@ -247,6 +262,23 @@ impl Stack {
             agent_http,
             _dir: dir,
         })
+    }
+
+    /// Waits until the surface's log has a line containing `needle`.
+    pub async fn wait_surface_log(&self, needle: &str, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.surface.log().contains(needle) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the surface did not log {needle:?} within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The surface's `SURFACE_STATE_DIR` (session, matrix-sdk store, journal).
+    pub fn surface_state_dir(&self) -> PathBuf {
+        self._dir.path().join("surface-state")
     }
 
     /// Waits until the surface answers its health check with 200 again (after a restart).

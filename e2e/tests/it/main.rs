@@ -4,12 +4,16 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+mod encrypted;
 mod faults;
 mod files_in;
 mod files_out;
+mod first_sight;
 mod large;
+mod late_keys;
 mod offline;
 mod outages;
+mod recovery;
 
 use std::time::Duration;
 

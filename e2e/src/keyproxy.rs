@@ -1,0 +1,211 @@
+//! A loopback reverse proxy in front of the homeserver that can hold back Olm-encrypted
+//! to-device messages (which carry megolm room keys), so a test can deliver a message whose key
+//! reaches the recipient only later.
+//!
+//! Everything else passes unchanged. Bodies are buffered, which is fine for JSON and the small
+//! media of tests.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// The only requests the proxy can hold: encrypted to-device messages (room keys, also the
+/// Olm session set-up that comes with the first of them).
+const HELD_PATH: &str = "/sendToDevice/m.room.encrypted/";
+
+/// Largest request or response body the proxy buffers.
+const BODY_LIMIT: usize = 256 << 20;
+
+/// A request kept back in hold mode.
+#[derive(Debug)]
+struct Held {
+    method: Method,
+    path_and_query: String,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+}
+
+#[derive(Debug, Default)]
+struct Mode {
+    hold: bool,
+    held: Vec<Held>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    upstream: String,
+    http: reqwest::Client,
+    mode: Mutex<Mode>,
+}
+
+/// The running proxy; stops when dropped.
+#[derive(Debug)]
+pub struct KeyProxy {
+    url: String,
+    inner: Arc<Inner>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KeyProxy {
+    /// Starts a proxy on `127.0.0.1:0` forwarding to `upstream` (e.g. `http://127.0.0.1:8008`),
+    /// in pass mode.
+    pub async fn start(upstream: &str) -> Result<Self> {
+        let inner = Arc::new(Inner {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            // Long enough for a long-polling sync.
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(300))
+                .build()?,
+            mode: Mutex::new(Mode::default()),
+        });
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { url, inner, task })
+    }
+
+    /// The proxy's base URL, to use as a client's homeserver URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// From now on, encrypted to-device messages are answered `200 {}` at once and kept.
+    pub fn hold(&self) {
+        self.inner.mode.lock().expect("proxy lock").hold = true;
+    }
+
+    /// Stops holding new requests; those already held stay held until [`KeyProxy::release`].
+    pub fn pass(&self) {
+        self.inner.mode.lock().expect("proxy lock").hold = false;
+    }
+
+    /// How many requests are held.
+    pub fn held(&self) -> usize {
+        self.inner.mode.lock().expect("proxy lock").held.len()
+    }
+
+    /// Back to pass mode, then forwards every held request to the homeserver in the order they
+    /// came; returns how many. Fails on the first the homeserver does not accept.
+    pub async fn release(&self) -> Result<usize> {
+        let held = {
+            let mut mode = self.inner.mode.lock().expect("proxy lock");
+            mode.hold = false;
+            std::mem::take(&mut mode.held)
+        };
+        let n = held.len();
+        for h in held {
+            let resp = self
+                .inner
+                .forward(h.method, &h.path_and_query, h.headers, h.body)
+                .await
+                .with_context(|| format!("release {}", h.path_and_query))?;
+            if !resp.status().is_success() {
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                bail!("release {}: {status} {body}", h.path_and_query);
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for KeyProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Inner {
+    async fn forward(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        mut headers: HeaderMap,
+        body: axum::body::Bytes,
+    ) -> reqwest::Result<reqwest::Response> {
+        for h in [
+            "host",
+            "content-length",
+            "connection",
+            "keep-alive",
+            "transfer-encoding",
+            "te",
+            "upgrade",
+            // Plain bodies from upstream, so the headers passed back stay true.
+            "accept-encoding",
+        ] {
+            headers.remove(h);
+        }
+        self.http
+            .request(method, format!("{}{path_and_query}", self.upstream))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+    }
+}
+
+async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    if parts.method == Method::PUT && parts.uri.path().contains(HELD_PATH) {
+        let mut mode = inner.mode.lock().expect("proxy lock");
+        if mode.hold {
+            mode.held.push(Held {
+                method: parts.method,
+                path_and_query,
+                headers: parts.headers,
+                body,
+            });
+            return (
+                [("content-type", "application/json")],
+                axum::body::Bytes::from_static(b"{}"),
+            )
+                .into_response();
+        }
+    }
+    let resp = match inner
+        .forward(parts.method, &path_and_query, parts.headers, body)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    };
+    let status = resp.status();
+    let mut headers = resp.headers().clone();
+    for h in [
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+    ] {
+        headers.remove(h);
+    }
+    match resp.bytes().await {
+        Ok(bytes) => {
+            let mut out = Response::new(Body::from(bytes));
+            *out.status_mut() = status;
+            *out.headers_mut() = headers;
+            out
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
