@@ -1,9 +1,9 @@
 //! Encrypted rooms, with a user on matrix-sdk as on Element: text and every media kind both
-//! ways, a DM whose first message precedes the bot's join, a surface killed between messages,
-//! and a message whose room key reaches the bot only later.
+//! ways, and a surface killed between messages. (A first message before the bot's join is in
+//! `first_sight`, room keys that come late in `late_keys`.)
 
 use e2e::check::{self, BotMessage, RoomTimeline};
-use e2e::{E2eeUser, Homeserver, KeyProxy, Received, Stack, StackOptions, User, sha256_hex};
+use e2e::{E2eeUser, Homeserver, Received, Stack, StackOptions, sha256_hex};
 use matrix_sdk::ruma::events::room::MediaSource;
 
 use crate::{PNG_3X2, TURN};
@@ -21,13 +21,11 @@ impl EncryptedDm {
         let stack = Stack::start(&hs, StackOptions::default())
             .await
             .expect("stack starts");
-        let account = register(&hs).await;
+        let account = hs
+            .register(&e2e::unique("euser"), false)
+            .await
+            .expect("register user");
         let user = E2eeUser::login(&hs, &account).await.expect("login");
-        Self::open(stack, user).await
-    }
-
-    /// Opens the encrypted DM and waits for the bot to join.
-    async fn open(stack: Stack, user: E2eeUser) -> Self {
         let room = user
             .create_encrypted_dm(&stack.bot.user_id)
             .await
@@ -109,12 +107,6 @@ impl EncryptedDm {
             "{what} is stored encrypted"
         );
     }
-}
-
-async fn register(hs: &Homeserver) -> User {
-    hs.register(&e2e::unique("euser"), false)
-        .await
-        .expect("register user")
 }
 
 fn is_encrypted(source: &Option<MediaSource>) -> bool {
@@ -275,32 +267,6 @@ async fn an_encrypted_dm_carries_text_and_files_both_ways() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_first_message_of_a_new_encrypted_dm_is_answered() {
-    // Element's flow: the first message goes out with the invite, before the bot has joined,
-    // so its room key is shared with the bot as an invited member.
-    let hs = Homeserver::from_env();
-    let stack = Stack::start(&hs, StackOptions::default())
-        .await
-        .expect("stack starts");
-    let account = register(&hs).await;
-    let user = E2eeUser::login(&hs, &account).await.expect("login");
-    let text = "hi bot, first words before you joined";
-    let (room, id) = user
-        .start_dm_with_first_message(&stack.bot.user_id, text)
-        .await
-        .unwrap();
-    let dm = EncryptedDm { stack, user, room };
-    let reply = dm
-        .wait_in_thread(&id, "the reply to the first message", |m| {
-            m.msgtype == "m.text"
-        })
-        .await;
-    assert!(reply.body.contains(text), "{reply:?}");
-    dm.assert_encrypted_on_the_wire(&id, "the first message")
-        .await;
-}
-
 /// Each trigger has exactly one text reply, in order (see [`check::check`]).
 async fn assert_answered_once_in_order(dm: &EncryptedDm, triggers: &[String]) {
     let bot = dm
@@ -372,58 +338,4 @@ async fn a_surface_sigkill_in_an_encrypted_room_loses_nothing() {
         Vec::<(String, String)>::new(),
         "the user could decrypt every reply"
     );
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_message_whose_room_key_arrives_late_is_answered_once_it_comes() {
-    let hs = Homeserver::from_env();
-    let stack = Stack::start(&hs, StackOptions::default())
-        .await
-        .expect("stack starts");
-    let account = register(&hs).await;
-    // The user's client reaches the homeserver through a proxy that can hold room keys back.
-    let proxy = KeyProxy::start(&hs.url).await.unwrap();
-    let user = E2eeUser::login_at(&hs, proxy.url(), &account)
-        .await
-        .expect("login");
-    let dm = EncryptedDm::open(stack, user).await;
-    // A plain DM of the same user with the same bot, to know when the bot's sync has passed
-    // the encrypted message (a later event in the same sync stream).
-    let plain = e2e::open_dm(&account, dm.bot(), TURN).await;
-
-    proxy.hold();
-    let late = dm
-        .user
-        .send_text(&dm.room, "the key of this message comes late")
-        .await
-        .unwrap();
-    assert!(proxy.held() > 0, "the room key was held back");
-    let probe = account.send_text(&plain, "are you there?").await.unwrap();
-    e2e::eventually(TURN, "the reply in the plain room", || async {
-        account
-            .messages_from(&plain, dm.bot())
-            .await
-            .ok()?
-            .into_iter()
-            .find(|e| e2e::matrix::in_thread(e, &probe))
-    })
-    .await;
-    // The bot has seen the message by now, but cannot have read it.
-    let early = dm.bot_thread(&late).await;
-    assert!(
-        early.iter().all(|m| m.msgtype != "m.text"),
-        "no answer without the key: {early:?}"
-    );
-
-    let released = proxy.release().await.unwrap();
-    assert!(released > 0);
-    let reply = dm
-        .wait_in_thread(&late, "the reply once the key came", |m| {
-            m.msgtype == "m.text"
-        })
-        .await;
-    assert!(reply.body.contains("comes late"), "{reply:?}");
-    // And only once, also after a further round trip.
-    let (next, _) = dm.ask("and this one?").await;
-    assert_answered_once_in_order(&dm, &[late, next]).await;
 }
