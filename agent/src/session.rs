@@ -47,7 +47,8 @@ impl Sessions {
         if let Some(chat) = chats.get(id) {
             return Ok(chat.clone());
         }
-        let record = self.store.load(id)?;
+        let mut record = self.store.load(id)?;
+        record.last_seq = admission::plausible_last_seq(record.turns.iter().map(|t| t.seq));
         let chat = Arc::new(Chat {
             id: id.clone(),
             store: self.store.clone(),

@@ -76,6 +76,17 @@ pub fn decide(id_stored: bool, seq: u64, last_seq: u64) -> Admission {
     Admission::Refused(refusal)
 }
 
+/// The `last_seq` a record should report: the highest plausible stored `seq` (pure). Repairs a
+/// record an older agent poisoned by storing an absurd `seq`, which would otherwise tell the
+/// surface that every turn up to it is stored.
+pub fn plausible_last_seq(stored: impl IntoIterator<Item = u64>) -> u64 {
+    stored
+        .into_iter()
+        .filter(|seq| (1..=MAX_SEQ).contains(seq))
+        .max()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +126,24 @@ mod tests {
                 decide(id_stored, seq, last_seq),
                 expected,
                 "id_stored={id_stored} seq={seq} last_seq={last_seq}"
+            );
+        }
+    }
+
+    #[test]
+    fn last_seq_ignores_absurd_stored_seqs() {
+        let table: [(&[u64], u64); 5] = [
+            (&[], 0),
+            (&[1, 2, 3], 3),
+            (&[3, 1], 3),
+            (&[1, u64::MAX], 1),
+            (&[u64::MAX, MAX_SEQ + 1], 0),
+        ];
+        for (stored, expected) in table {
+            assert_eq!(
+                plausible_last_seq(stored.iter().copied()),
+                expected,
+                "{stored:?}"
             );
         }
     }

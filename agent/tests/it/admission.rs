@@ -93,7 +93,11 @@ async fn a_chat_poisoned_by_an_older_agent_runs_new_messages_again() {
     std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
 
     agent.restart().await;
-    let (mut c, _) = agent.connect(&chat()).await;
+    let (mut c, welcome) = agent.connect(&chat()).await;
+    assert_eq!(
+        welcome.last_seq, 0,
+        "the absurd seq is not reported as stored"
+    );
     let t = c.turn(message(2, "$m2", "history")).await;
     assert!(t.text().contains("1 earlier turn(s)"), "{}", t.text());
     refused(&mut c, message(u64::MAX, "$huge", "poison")).await;
