@@ -239,10 +239,13 @@ impl Lanes {
                 "I am still working on an earlier message; {pending} messages are queued and \
                  will be answered in order."
             );
-            let txn = render::notice_txn_id(
-                &format!("{}:{}", chat.chat_id, ctx2.started_ms),
-                &format!("backlog-{pending}"),
-            );
+            // One notice per backlog, also across a crash: the backlog is named by its oldest
+            // waiting event, which a restarted surface finds the same.
+            let oldest = match ctx2.journal.next_pending(&chat.chat_id) {
+                Ok(Some(ev)) => ev.event.event_id,
+                _ => format!("{}:{}", chat.chat_id, ctx2.started_ms),
+            };
+            let txn = render::notice_txn_id(&oldest, "backlog");
             let content = RoomMessageEventContent::notice_plain(text);
             let out = Outgoing {
                 txn: &txn,
