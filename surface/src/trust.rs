@@ -78,9 +78,14 @@ pub async fn ensure(client: &Client, config: &Config) {
         Step::Bootstrap => bootstrap(client, config, key).await,
     }
     if let Ok(Some(identity)) = encryption.get_user_identity(&config.user_id).await {
+        let device_key = match encryption.get_own_device().await {
+            Ok(Some(d)) => d.ed25519_key().map(|k| k.to_base64()).unwrap_or_default(),
+            _ => String::new(),
+        };
         info!(
             master_key = %identity.master_key().get_first_key().map(|k| k.to_base64()).unwrap_or_default(),
             device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
+            device_key,
             "encryption: the bot's cross-signing identity (compare when verifying the bot)"
         );
     }
