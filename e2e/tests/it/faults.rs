@@ -1,14 +1,18 @@
 //! Delivery under faults: hundreds of messages in several rooms while the surface and the agent
 //! are SIGKILLed at random moments and the test's own Synapse is once paused (SIGSTOP) and once
 //! shut down and started again; afterwards every message has exactly one reply, in order per
-//! room, and every file is in the inbox exactly once.
+//! room, and every file is in the inbox exactly once. One more room is what Element makes: an
+//! encrypted DM created by its first message (sent before the bot joins), its user a matrix-sdk
+//! client.
 //!
 //! The random schedule comes from one seed, printed at the start; `FAULTS_SEED=<n>` replays it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::check::{self, BotMessage, RoomTimeline};
+use e2e::e2ee::E2eeUser;
 use e2e::matrix::Event;
 use e2e::{DedicatedSynapse, Stack, StackOptions, User, sha256_hex};
 use rand::rngs::StdRng;
@@ -16,7 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::{TURN, media_content};
 
-/// Rooms, each a DM of a different user with the same bot.
+/// Plain rooms, each a DM of a different user with the same bot (plus the encrypted one).
 const ROOMS: usize = 4;
 /// Messages per room (N = ROOMS * PER_ROOM >= 300).
 const PER_ROOM: usize = 80;
@@ -111,6 +115,61 @@ async fn send_all(user: User, room: String, index: usize, seed: u64, start: Inst
                 file: None,
             });
         }
+    }
+    sent
+}
+
+/// Like [`send_all`] for the encrypted DM, whose first message (`first`, sent when the room was
+/// created) is message 0. A send the homeserver did not confirm is tried again: a duplicate it
+/// may leave is a message the checker does not count as a trigger.
+async fn send_all_encrypted(
+    user: Arc<E2eeUser>,
+    room: String,
+    first: String,
+    index: usize,
+    seed: u64,
+    start: Instant,
+) -> Vec<Sent> {
+    let mut rng = StdRng::seed_from_u64(seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9));
+    let mut sent = vec![Sent {
+        event_id: first,
+        file: None,
+    }];
+    for k in 1..PER_ROOM {
+        tokio::time::sleep_until((start + PACE * k as u32).into()).await;
+        let (file, event_id) = loop {
+            let attempt = if k % FILE_EVERY == FILE_EVERY - 1 {
+                let len = rng.random_range(1_000..48_000);
+                let mut bytes = vec![0u8; len];
+                rng.fill(&mut bytes[..]);
+                bytes[..16].copy_from_slice(format!("room{index:02}file{k:06}").as_bytes());
+                let digest = sha256_hex(&bytes);
+                let caption = format!("file number {k} in room {index}");
+                user.send_file(
+                    &room,
+                    &format!("r{index}-m{k}.bin"),
+                    "application/octet-stream",
+                    bytes,
+                    Some(&caption),
+                )
+                .await
+                .map(|id| (Some(digest), id))
+            } else {
+                let text = format!(
+                    "message {k} in room {index}, token {:08x}",
+                    rng.random::<u32>()
+                );
+                user.send_text(&room, &text).await.map(|id| (None, id))
+            };
+            match attempt {
+                Ok(done) => break done,
+                Err(e) => {
+                    eprintln!("faults: encrypted send {k} failed ({e:#}); trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        sent.push(Sent { event_id, file });
     }
     sent
 }
@@ -215,8 +274,46 @@ async fn chaos(
     restarts
 }
 
-/// Timeline of one room as the user sees it.
-async fn timeline(user: &User, room: &str, bot: &str, sent: &[Sent]) -> (RoomTimeline, Vec<Event>) {
+/// A user of one room: raw HTTP, or an E2EE matrix-sdk client.
+#[derive(Clone)]
+enum Member {
+    Plain(User),
+    Encrypted(Arc<E2eeUser>),
+}
+
+impl Member {
+    fn user_id(&self) -> &str {
+        match self {
+            Self::Plain(u) => &u.user_id,
+            Self::Encrypted(u) => &u.user_id,
+        }
+    }
+}
+
+/// Timeline of one room as the user sees it (the encrypted room's events carry no timestamps:
+/// its latency is not measured).
+async fn timeline(
+    member: &Member,
+    room: &str,
+    bot: &str,
+    sent: &[Sent],
+) -> (RoomTimeline, Vec<Event>) {
+    let triggers = sent.iter().map(|s| s.event_id.clone()).collect();
+    let user = match member {
+        Member::Plain(u) => u,
+        Member::Encrypted(u) => {
+            let msgs = u.messages_from(room, bot).await.expect("room messages");
+            let bot = msgs
+                .into_iter()
+                .map(|m| BotMessage {
+                    event_id: m.event_id,
+                    answers: m.in_reply_to.or(m.thread_root),
+                    is_text: m.msgtype == "m.text",
+                })
+                .collect();
+            return (RoomTimeline { triggers, bot }, Vec::new());
+        }
+    };
     let events = user.messages(room).await.expect("room messages");
     let bot_msgs = events
         .iter()
@@ -225,7 +322,7 @@ async fn timeline(user: &User, room: &str, bot: &str, sent: &[Sent]) -> (RoomTim
         .collect();
     (
         RoomTimeline {
-            triggers: sent.iter().map(|s| s.event_id.clone()).collect(),
+            triggers,
             bot: bot_msgs,
         },
         events,
@@ -274,14 +371,45 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
             .await
             .expect("register user");
         let room = e2e::open_dm(&user, &bot, TURN).await;
-        rooms.push((user, room));
+        rooms.push((Member::Plain(user), room));
     }
+    // Element's way: the encrypted DM is created by its first message.
+    let e2ee = Arc::new(
+        E2eeUser::login(
+            &hs,
+            &hs.register(&e2e::unique("fuser"), false)
+                .await
+                .expect("register user"),
+        )
+        .await
+        .expect("e2ee login"),
+    );
+    let (e2ee_room, e2ee_first) = e2ee
+        .start_dm_with_first_message(&bot, "message 0 in the encrypted room")
+        .await
+        .expect("encrypted DM");
+    e2ee.wait_joined(&e2ee_room, &bot, TURN)
+        .await
+        .expect("bot joins");
+    rooms.push((Member::Encrypted(e2ee.clone()), e2ee_room.clone()));
 
     let start = Instant::now();
     let senders: Vec<_> = rooms
         .iter()
         .enumerate()
-        .map(|(i, (user, room))| tokio::spawn(send_all(user.clone(), room.clone(), i, seed, start)))
+        .map(|(i, (member, room))| match member {
+            Member::Plain(user) => {
+                tokio::spawn(send_all(user.clone(), room.clone(), i, seed, start))
+            }
+            Member::Encrypted(user) => tokio::spawn(send_all_encrypted(
+                user.clone(),
+                room.clone(),
+                e2ee_first.clone(),
+                i,
+                seed,
+                start,
+            )),
+        })
         .collect();
     let window = PACE * (PER_ROOM as u32 - 2);
     let restarts = chaos(&mut stack, &mut synapse, &mut rng, window).await;
@@ -292,7 +420,7 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     let sent_at = Instant::now();
     eprintln!(
         "faults: all {} messages sent after {:?}",
-        ROOMS * PER_ROOM,
+        rooms.len() * PER_ROOM,
         start.elapsed()
     );
 
@@ -361,7 +489,7 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     let mut file_problems = Vec::new();
     let mut files = 0;
     for ((user, room), s) in rooms.iter().zip(&sent) {
-        let inbox = format!("{}/inbox", protocol::room_dir(&user.user_id, room));
+        let inbox = format!("{}/inbox", protocol::room_dir(user.user_id(), room));
         let mut stored: BTreeMap<String, usize> = BTreeMap::new();
         for f in stack.files_under(&inbox) {
             let bytes = std::fs::read(stack.workspace.join(&f)).expect("read inbox file");
@@ -382,7 +510,7 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     let synapse_pauses = count("synapse-pause");
     let synapse_restarts = count("synapse-restart");
     println!(
-        "messages={} surface_kills={surface_kills} agent_kills={agent_kills} {} synapse_pauses={synapse_pauses} synapse_restarts={synapse_restarts}",
+        "messages={} encrypted_rooms=1 first_message_dms=1 surface_kills={surface_kills} agent_kills={agent_kills} {} synapse_pauses={synapse_pauses} synapse_restarts={synapse_restarts}",
         report.messages,
         report.summary()
     );
