@@ -25,6 +25,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 scripts/synapse.sh install
 
+# One feature resolution for every cargo command below: each selects the whole workspace
+# (`--exclude` or `-p` would unify dependency features differently and rebuild much of the tree).
 step "build"
 cargo build --workspace --all-targets --locked
 
@@ -32,15 +34,16 @@ step "lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "unit and integration tests"
-cargo test --workspace --exclude e2e --locked
+step "unit tests"
+cargo test --workspace --lib --bins --locked
 
-step "end-to-end tests against a real Synapse"
+step "integration and end-to-end tests (real Synapse)"
 SYN_DIR="$(mktemp -d /tmp/mxbridge-synapse.XXXXXX)"
 SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 trap 'scripts/synapse.sh stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
 eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
-cargo test -p e2e --locked -- --test-threads 2 --nocapture
+# Every crate's tests/it; the e2e ones start real agent and surface processes against Synapse.
+cargo test --workspace --test it --locked -- --test-threads 2 --nocapture
 
 step "docker compose end-to-end"
 if [ -n "${MXBRIDGE_SKIP_DOCKER:-}" ]; then
