@@ -11,6 +11,7 @@ mod files_out;
 mod first_sight;
 mod large;
 mod late_keys;
+mod latency;
 mod offline;
 mod outages;
 mod recovery;

@@ -97,10 +97,7 @@ async fn a_fresh_state_dir_with_the_recovery_key_reads_old_encrypted_messages() 
         &std::fs::read(stack.surface_state_dir().join("session.json")).unwrap(),
     )
     .unwrap();
-    let token = session["access_token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let token = session["access_token"].as_str().unwrap().to_owned();
     alice
         .wait_for(TURN, "the room key in the bot's backup", || async {
             (backed_up_sessions(&hs, &token, &room).await > 0).then_some(())
