@@ -12,6 +12,7 @@ pub mod filename;
 pub mod health;
 pub mod ingest;
 pub mod journal;
+pub mod lane_registry;
 pub mod lanes;
 pub mod logging;
 pub mod media;
@@ -26,6 +27,7 @@ pub mod session;
 pub mod sync;
 pub mod trust;
 pub mod undecrypted;
+pub mod waits;
 pub mod workspace;
 
 use std::sync::{Arc, RwLock};
@@ -33,6 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use backon::{BackoffBuilder, ExponentialBuilder};
+use matrix_sdk::Client;
 use protocol::ChatId;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -49,9 +52,30 @@ use crate::workspace::Workspace;
 /// How long shutdown waits for running tasks to finish their current step.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Runs the surface until `shutdown` is cancelled (or the sync loop fails for good).
+/// Runs the surface until `shutdown` is cancelled (or the sync loop fails for good): binds the
+/// health endpoint, logs in (or restores the session), then [`run_with`].
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     info!(config = ?config, "starting surface");
+    let listener = health::bind(config.health_bind)
+        .await
+        .with_context(|| format!("SURFACE_HEALTH_BIND {} cannot be bound", config.health_bind))?;
+    let client = session::login(&config).await?;
+    info!(
+        user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
+        device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
+        "logged in"
+    );
+    run_with(config, client, listener, shutdown).await
+}
+
+/// Runs the surface with a logged-in `client` and a bound health listener until `shutdown`:
+/// the seam focused tests drive against matrix-sdk's mock homeserver and a fake agent.
+pub async fn run_with(
+    config: Config,
+    client: Client,
+    health_listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let workspace = Workspace::open(&config.workspace_root)
         .with_context(|| "WORKSPACE_ROOT is not usable".to_owned())?;
     let partials = workspace.remove_partials();
@@ -74,25 +98,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let health = Arc::new(Health::default());
     health.set_parked_sends(journal.parked_count().context("reading the journal")?);
     let tracker = TaskTracker::new();
-    let listener = health::bind(config.health_bind)
-        .await
-        .with_context(|| format!("SURFACE_HEALTH_BIND {} cannot be bound", config.health_bind))?;
     tracker.spawn({
         let health = health.clone();
         let shutdown = shutdown.clone();
         async move {
-            if let Err(e) = health::serve(listener, health, shutdown).await {
+            if let Err(e) = health::serve(health_listener, health, shutdown).await {
                 error!(error = %e, "health endpoint failed");
             }
         }
     });
 
-    let client = session::login(&config).await?;
-    info!(
-        user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
-        device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
-        "logged in"
-    );
     let display_name = client.account().get_display_name().await.ok().flatten();
 
     let endpoint = AgentEndpoint {
@@ -136,7 +151,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     });
     for chat in ctx.journal.chats_with_work()? {
-        ctx.lanes.poke(&ctx, chat);
+        lanes::poke(&ctx, chat);
     }
     sync::register_handlers(&ctx);
     sync::catch_up_all(&ctx).await;
