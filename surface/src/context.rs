@@ -1,7 +1,9 @@
 //! The state every part of the running surface shares: config, Matrix client, journal, health,
-//! workspace, lanes and pending questions. Built once in [`crate::run`] and passed explicitly.
+//! workspace, lanes and pending questions. Built once in [`crate::run`] from lower modules only
+//! (nothing here imports a module that imports this one) and passed explicitly.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock};
 
 use matrix_sdk::Client;
 use protocol::Sentinel;
@@ -12,10 +14,14 @@ use crate::agent_link::{AgentEndpoint, WorkspaceProof};
 use crate::config::Config;
 use crate::health::Health;
 use crate::journal::Journal;
-use crate::lanes::{Lanes, Waits};
+use crate::lane_registry::Lanes;
 use crate::media::UploadCache;
-use crate::sync::Joining;
+use crate::waits::Waits;
 use crate::workspace::Workspace;
+
+/// Invites being joined right now (the SDK may deliver a stripped state event twice).
+#[derive(Debug, Default)]
+pub struct Joining(pub Mutex<HashSet<String>>);
 
 /// Shared state of the running surface.
 #[derive(Debug)]

@@ -15,6 +15,7 @@ use crate::context::Ctx;
 use crate::decide::{self, Decision, Facts};
 use crate::event::RawEvent;
 use crate::journal::{ChatRef, Disposition, NewEvent};
+use crate::lanes;
 use crate::render;
 use crate::send::{self, Outgoing};
 
@@ -152,7 +153,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, body: &str, pokes: &mut
 /// Wakes the lanes of `pokes`.
 pub fn wake(ctx: &Ctx, pokes: Pokes) {
     for chat in pokes.into_values() {
-        ctx.lanes.poke(ctx, chat);
+        lanes::poke(ctx, chat);
     }
 }
 

@@ -15,6 +15,7 @@
 //!   `m.file` content for a file the agent asked to send.
 
 mod download;
+mod kind;
 mod message;
 mod upload;
 
@@ -32,6 +33,7 @@ use crate::workspace::human_size;
 pub use download::{
     DownloadError, DownloadFailure, DownloadRequest, Downloaded, download_to_inbox,
 };
+pub use kind::MediaFields;
 pub use message::{SendFileError, SendFileFailure, prepare_file_message};
 pub use upload::{UploadCache, UploadError, upload_file, upload_file_encrypted};
 

@@ -3,8 +3,6 @@
 //! `/messages` (after a `limited` sync and at start-up, since matrix-sdk saves its sync token
 //! before our code runs), and invites from allowed users are joined.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -27,10 +25,6 @@ const PAGE: u32 = 50;
 const BACKFILL_HORIZON: usize = 500;
 /// How long one `/sync` long-polls for news.
 const LONG_POLL: Duration = Duration::from_secs(30);
-
-/// Invites being joined right now (the SDK may deliver a stripped state event twice).
-#[derive(Debug, Default)]
-pub struct Joining(Mutex<HashSet<String>>);
 
 /// Registers the invite handler.
 pub fn register_handlers(ctx: &Ctx) {

@@ -4,19 +4,16 @@ use std::io;
 
 use matrix_sdk::Client;
 use matrix_sdk::EncryptionState;
-use matrix_sdk::ruma::events::room::message::{
-    AudioInfo, AudioMessageEventContent, FileInfo, FileMessageEventContent,
-    ImageMessageEventContent, MessageType, RoomMessageEventContent, VideoInfo,
-    VideoMessageEventContent,
-};
-use matrix_sdk::ruma::events::room::{ImageInfo, MediaSource};
-use matrix_sdk::ruma::{OwnedRoomId, UInt};
+use matrix_sdk::ruma::OwnedRoomId;
+use matrix_sdk::ruma::events::room::MediaSource;
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use protocol::WorkspacePath;
 use tokio::io::AsyncReadExt;
 
+use super::kind::MediaFields;
 use super::upload::{upload_encrypted_with, upload_with};
 use super::{MediaApi, UploadCache, UploadError, quoted_name};
-use crate::mime::{self, HEAD_BYTES, Kind};
+use crate::mime::{self, HEAD_BYTES};
 use crate::workspace::{ChatScope, FileRefused, OpenedFile, Workspace};
 
 /// A file could not be sent: which one, and why.
@@ -174,52 +171,9 @@ fn build_content(
     size: u64,
     dims: Option<(u32, u32)>,
 ) -> RoomMessageEventContent {
-    let caption = caption
-        .map(str::trim)
-        .filter(|c| !c.is_empty() && *c != name);
-    let body = caption.unwrap_or(name).to_owned();
-    let filename = Some(name.to_owned());
-    let size = UInt::new(size);
-    let mimetype = Some(mime.to_owned());
-    let msgtype = match mime::msgtype_for(mime) {
-        Kind::Image => {
-            let mut info = ImageInfo::new();
-            info.mimetype = mimetype;
-            info.size = size;
-            if let Some((w, h)) = dims {
-                info.width = Some(UInt::from(w));
-                info.height = Some(UInt::from(h));
-            }
-            let mut c = ImageMessageEventContent::new(body, source).info(Box::new(info));
-            c.filename = filename;
-            MessageType::Image(c)
-        }
-        Kind::Video => {
-            let mut info = VideoInfo::new();
-            info.mimetype = mimetype;
-            info.size = size;
-            let mut c = VideoMessageEventContent::new(body, source).info(Box::new(info));
-            c.filename = filename;
-            MessageType::Video(c)
-        }
-        Kind::Audio => {
-            let mut info = AudioInfo::new();
-            info.mimetype = mimetype;
-            info.size = size;
-            let mut c = AudioMessageEventContent::new(body, source).info(Box::new(info));
-            c.filename = filename;
-            MessageType::Audio(c)
-        }
-        Kind::File => {
-            let mut info = FileInfo::new();
-            info.mimetype = mimetype;
-            info.size = size;
-            let mut c = FileMessageEventContent::new(body, source).info(Box::new(info));
-            c.filename = filename;
-            MessageType::File(c)
-        }
-    };
-    RoomMessageEventContent::new(msgtype)
+    RoomMessageEventContent::new(
+        MediaFields::outgoing(name, caption, source, mime, size, dims).into_message(),
+    )
 }
 
 #[cfg(test)]

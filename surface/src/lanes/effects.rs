@@ -1,0 +1,357 @@
+//! How a lane carries out a turn: it feeds what the agent link says into the pure
+//! [`TurnState`] and executes the steps that come out — posts (with transaction ids derived
+//! from the trigger, so a resumed turn posts nothing twice), uploads, prompts and their
+//! timeouts, the typing notice — then marks the turn finished in the journal.
+
+use std::time::Duration;
+
+use matrix_sdk::Room;
+use matrix_sdk::ruma::OwnedEventId;
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
+use protocol::{
+    ApprovalDecision, ApprovalRequest, AskUser, Decision as ApprovalChoice, DeliveryResult,
+    SendFile, ToAgent, UserMessage,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, instrument, warn};
+
+use super::Lane;
+use super::turn::{Input, Outcome, Step, TurnState};
+use crate::agent_link::LinkEvent;
+use crate::media;
+use crate::render::{self, ReplyTarget};
+use crate::send::{self, Outgoing, PostError};
+use crate::waits::Wait;
+use crate::workspace::ChatScope;
+
+/// A turn with no news from the agent for this long is given up (and reported).
+const TURN_IDLE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// When the agent already had the turn (a duplicate ack, or a reconnect whose `last_seq`
+/// covers it), it may have finished it while we were not listening: wait this long for news.
+const RECOVERY_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an approval prompt waits for an answer before it counts as a denial.
+pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// How long an `ask_user` question waits before it is answered "no reply".
+pub const QUESTION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// Where a running turn posts.
+pub(super) struct Turn {
+    target: ReplyTarget,
+    turn: String,
+    /// The user who triggered the turn: the only one whose answers count.
+    user: String,
+    out_index: u32,
+    /// Shutdown came before one of its posts went out: the turn must stay open.
+    interrupted: bool,
+}
+
+impl Lane {
+    /// Runs one stored turn until the agent ends it (the link sends it). Leaves it unended on
+    /// shutdown, so it resumes after the restart.
+    #[instrument(skip_all, fields(room_id = %msg.room_id, event_id = %msg.id, seq = msg.seq))]
+    pub(super) async fn run_turn(&mut self, msg: UserMessage) {
+        let Some(target) = self.target_for(&msg.id, msg.thread_root.as_deref()) else {
+            warn!("malformed event id; dropping turn");
+            let _ = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq);
+            return;
+        };
+        let typing = CancellationToken::new();
+        self.ctx
+            .tracker
+            .spawn(keep_typing(self.room.clone(), typing.clone()));
+        let mut turn = Turn {
+            target,
+            turn: msg.id.clone(),
+            user: msg.sender.user_id.clone(),
+            out_index: 0,
+            interrupted: false,
+        };
+        let mut state = TurnState::new(&msg.id, msg.seq, self.ctx.config.show_tool_calls);
+        // While recovering, a fixed deadline: reconnects of the link must not extend it, or a
+        // lost end blocks the chat for good.
+        let mut recovering: Option<tokio::time::Instant> = None;
+        let outcome = 'turn: loop {
+            let deadline =
+                recovering.unwrap_or_else(|| tokio::time::Instant::now() + TURN_IDLE_TIMEOUT);
+            let input = tokio::select! {
+                _ = self.ctx.shutdown.cancelled() => Input::Stop,
+                r = tokio::time::timeout_at(deadline, self.events.recv()) => match r {
+                    Err(_) => Input::Quiet,
+                    Ok(None) => Input::Stop,
+                    Ok(Some(LinkEvent::Connected { last_seq })) => {
+                        debug!(last_seq, "link (re)connected during turn");
+                        Input::Connected { last_seq }
+                    }
+                    Ok(Some(LinkEvent::Disconnected)) => Input::Disconnected,
+                    Ok(Some(LinkEvent::Message(m))) => Input::Message(m),
+                },
+            };
+            for step in state.on(input) {
+                match step {
+                    Step::Answer(text) => self.answer(&mut turn, &text).await,
+                    Step::Notice { text, purpose } => {
+                        if purpose == "turn-failed" {
+                            warn!(notice = %text, "turn did not complete");
+                        }
+                        self.post_notice(&mut turn, &text, purpose).await;
+                    }
+                    Step::SendFile(f) => self.send_file(&mut turn, f).await,
+                    Step::Approval(r) => self.approval(&mut turn, r).await,
+                    Step::Ask(q) => self.ask(&mut turn, q).await,
+                    Step::Recover => {
+                        recovering = Some(tokio::time::Instant::now() + RECOVERY_IDLE_TIMEOUT);
+                    }
+                    Step::Resume => recovering = None,
+                    Step::AgentError(e) => warn!(error = %e, "agent error"),
+                    Step::Finish(outcome) => break 'turn outcome,
+                }
+            }
+        };
+        typing.cancel();
+        let _ = self.room.typing_notice(false).await;
+        self.ctx.waits.turn_over(&turn.turn);
+        match outcome {
+            Outcome::Ended => {}
+            Outcome::Timeout => warn!("agent went quiet; gave up on the turn"),
+            Outcome::Lost => {
+                warn!("no news about a turn the agent already had; its end was probably lost");
+            }
+            Outcome::Interrupted => info!("turn interrupted by shutdown; it resumes after restart"),
+        }
+        if !outcome.is_final() {
+            return;
+        }
+        if turn.interrupted {
+            info!("shutdown came before everything was posted; the turn resumes after restart");
+            return;
+        }
+        if let Err(e) = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq) {
+            error!(error = %e, "could not mark the turn finished");
+        }
+    }
+
+    /// Posts answer text (in as many messages as it takes).
+    async fn answer(&self, turn: &mut Turn, text: &str) {
+        for content in turn.target.markdown_parts(text) {
+            self.post(turn, content, "answer").await;
+        }
+    }
+
+    async fn post_notice(
+        &self,
+        turn: &mut Turn,
+        text: &str,
+        purpose: &str,
+    ) -> Option<OwnedEventId> {
+        let content = turn.target.notice(text);
+        self.post(turn, content, purpose).await
+    }
+
+    async fn post(
+        &self,
+        turn: &mut Turn,
+        content: RoomMessageEventContent,
+        purpose: &str,
+    ) -> Option<OwnedEventId> {
+        let txn = render::txn_id(&turn.turn, turn.out_index);
+        turn.out_index += 1;
+        let target = turn.target.clone();
+        let out = Outgoing {
+            txn: &txn,
+            thread_root: Some(target.root()),
+            about: Some(&target.event_id),
+            purpose,
+        };
+        match send::post(&self.ctx, &self.room, content, out).await {
+            Ok(id) => Some(id),
+            Err(PostError::Refused(r)) => {
+                send::report_refusal(&self.ctx, &self.room, out, Some(&target), &r).await;
+                None
+            }
+            Err(PostError::Shutdown) => {
+                turn.interrupted = true;
+                None
+            }
+            Err(e @ PostError::AlreadyParked(_)) => {
+                info!(error = %e, purpose, txn_id = %txn, "not posting a parked message again");
+                None
+            }
+            Err(e) => {
+                error!(error = %e, purpose, txn_id = %txn, "could not post to the room");
+                None
+            }
+        }
+    }
+
+    #[instrument(skip_all, fields(request_id = %f.request_id, path = %f.path))]
+    async fn send_file(&self, turn: &mut Turn, f: SendFile) {
+        let ctx = &self.ctx;
+        let scope = ChatScope::new(self.chat.chat_id.clone(), self.chat.room_id.clone());
+        let result = media::prepare_file_message(
+            &ctx.client,
+            &ctx.workspace,
+            &f.path,
+            &scope,
+            f.caption.as_deref(),
+            &ctx.upload_cache,
+            ctx.config.max_file_size,
+        )
+        .await;
+        let delivery = match result {
+            Ok(content) => {
+                let content = turn.target.apply(content);
+                match self.post(turn, content, "file").await {
+                    Some(id) => {
+                        info!(event_id = %id, "file posted");
+                        DeliveryResult {
+                            request_id: f.request_id.clone(),
+                            ok: true,
+                            event_id: Some(id.to_string()),
+                            error: None,
+                        }
+                    }
+                    None => DeliveryResult {
+                        request_id: f.request_id.clone(),
+                        ok: false,
+                        event_id: None,
+                        error: Some("the homeserver did not accept the message".into()),
+                    },
+                }
+            }
+            Err(e) => {
+                warn!(
+                    room_id = %self.chat.room_id,
+                    path = %f.path,
+                    reason = %e.failure,
+                    refused = e.is_refused(),
+                    "file not sent"
+                );
+                let user_error = e.user_message();
+                self.post_notice(turn, &format!("⚠️ {user_error}"), "file-failed")
+                    .await;
+                DeliveryResult {
+                    request_id: f.request_id.clone(),
+                    ok: false,
+                    event_id: None,
+                    error: Some(user_error),
+                }
+            }
+        };
+        self.link.send(ToAgent::DeliveryResult(delivery));
+    }
+
+    #[instrument(skip_all, fields(request_id = %r.request_id, tool = %r.tool))]
+    async fn approval(&self, turn: &mut Turn, r: ApprovalRequest) {
+        let waits = &self.ctx.waits;
+        if let Some(choice) = waits.decided(&turn.turn, &r.tool, &r.resource)
+            && choice != ApprovalChoice::Deny
+        {
+            info!("same tool and resource already approved in this turn");
+            self.link.send(ToAgent::ApprovalDecision(ApprovalDecision {
+                request_id: r.request_id,
+                decision: choice,
+                by: turn.user.clone(),
+            }));
+            return;
+        }
+        if waits.coalesce(&turn.turn, &r.tool, &r.resource, &r.request_id) {
+            info!("coalesced with a pending prompt");
+            return;
+        }
+        waits.add(Wait {
+            room_id: self.chat.room_id.clone(),
+            user_id: turn.user.clone(),
+            turn: turn.turn.clone(),
+            id: r.request_id.clone(),
+            extra_request_ids: Vec::new(),
+            approval: Some((r.tool.clone(), r.resource.clone())),
+            link: self.link.clone(),
+            prompt_event: None,
+        });
+        let text = render::approval_prompt(&r, &turn.user);
+        let content = turn.target.markdown(&text);
+        if let Some(prompt) = self.post(turn, content, "approval").await {
+            waits.set_prompt_event(&r.request_id, prompt.as_str());
+        }
+        self.spawn_timeout(turn, r.request_id, true);
+    }
+
+    #[instrument(skip_all, fields(question_id = %q.question_id))]
+    async fn ask(&self, turn: &mut Turn, q: AskUser) {
+        self.ctx.waits.add(Wait {
+            room_id: self.chat.room_id.clone(),
+            user_id: turn.user.clone(),
+            turn: turn.turn.clone(),
+            id: q.question_id.clone(),
+            extra_request_ids: Vec::new(),
+            approval: None,
+            link: self.link.clone(),
+            prompt_event: None,
+        });
+        let text = render::question_prompt(&q, &turn.user);
+        let content = turn.target.markdown(&text);
+        if let Some(prompt) = self.post(turn, content, "question").await {
+            self.ctx
+                .waits
+                .set_prompt_event(&q.question_id, prompt.as_str());
+        }
+        self.spawn_timeout(turn, q.question_id, false);
+    }
+
+    fn spawn_timeout(&self, turn: &mut Turn, id: String, approval: bool) {
+        let ctx = self.ctx.clone();
+        let room = self.room.clone();
+        let target = turn.target.clone();
+        let index = turn.out_index + 1000;
+        let turn_id = turn.turn.clone();
+        let user = turn.user.clone();
+        let limit = if approval {
+            APPROVAL_TIMEOUT
+        } else {
+            QUESTION_TIMEOUT
+        };
+        self.ctx.tracker.spawn(async move {
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(limit) => {}
+            }
+            let answered = if approval {
+                ctx.waits.decide(&id, ApprovalChoice::Deny, &user)
+            } else {
+                ctx.waits.answer(&id, "no reply", &user)
+            };
+            if !answered {
+                return;
+            }
+            info!(id = %id, "no answer in time");
+            let text = if approval {
+                "⏱️ No answer in time: denied."
+            } else {
+                "⏱️ No answer in time."
+            };
+            let txn = render::txn_id(&turn_id, index);
+            let out = Outgoing {
+                txn: &txn,
+                thread_root: Some(target.root()),
+                about: Some(&target.event_id),
+                purpose: "timeout",
+            };
+            if let Err(e) = send::post(&ctx, &room, target.notice(text), out).await {
+                warn!(error = %e, "could not post the timeout notice");
+            }
+        });
+    }
+}
+
+/// Keeps the typing notice up until `stop`.
+async fn keep_typing(room: Room, stop: CancellationToken) {
+    loop {
+        if let Err(e) = room.typing_notice(true).await {
+            debug!(error = %e, "typing notice failed");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(3)) => {}
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! What a lane does with an incoming message before it becomes (part of) a turn: parse it,
+//! stream its file into the inbox (telling the room when that fails), and pair a file-only
+//! message with the caption some clients send right after it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use matrix_sdk::ruma::events::room::MediaSource;
+use matrix_sdk::ruma::events::room::message::{MessageType, RoomMessageEventContent};
+use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
+use protocol::{AttachmentInfo, WorkspacePath};
+use tracing::{info, warn};
+
+use super::Lane;
+use crate::filename::pick_name;
+use crate::journal::NewEvent;
+use crate::media::{self, DownloadRequest, MediaFields};
+use crate::render;
+use crate::send::{self, Outgoing, PostError};
+
+/// A text sent by the same user within this time after a file-only message is its caption.
+const CAPTION_WINDOW: Duration = Duration::from_secs(10);
+/// How long after a file-only message we give its caption to arrive.
+const CAPTION_SETTLE: Duration = Duration::from_secs(2);
+
+/// The text, files and file facts of a message, after downloading.
+#[derive(Debug, Default)]
+pub(super) struct Prepared {
+    pub text: String,
+    pub attachments: Vec<WorkspacePath>,
+    pub info: BTreeMap<WorkspacePath, AttachmentInfo>,
+    /// The message had a file that could not be downloaded.
+    pub failed_file: bool,
+}
+
+impl Lane {
+    /// A text message the same sender sent right after a file-only message: its caption, sent
+    /// as a second event by some clients. Returns its event id and text.
+    pub(super) async fn caption_for(
+        &self,
+        file_ev: &NewEvent,
+        ord: i64,
+    ) -> Option<(String, String)> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let ready_at = file_ev
+            .origin_ts
+            .saturating_add(CAPTION_SETTLE.as_millis() as u64);
+        if now < ready_at {
+            let wait = Duration::from_millis(ready_at - now).min(CAPTION_SETTLE);
+            tokio::time::sleep(wait).await;
+        }
+        let next = self
+            .ctx
+            .journal
+            .next_pending_after(&self.chat.chat_id, ord)
+            .ok()??;
+        let window = CAPTION_WINDOW.as_millis() as u64;
+        if next.event.sender != file_ev.sender
+            || next.event.origin_ts > file_ev.origin_ts.saturating_add(window)
+        {
+            return None;
+        }
+        let content: RoomMessageEventContent =
+            serde_json::from_str(next.event.content.as_deref()?).ok()?;
+        match content.msgtype {
+            MessageType::Text(t) if !t.body.trim().is_empty() => {
+                Some((next.event.event_id, t.body))
+            }
+            _ => None,
+        }
+    }
+
+    /// Parses the event and downloads its file, if any. Download failures are told to the
+    /// room and logged; the message's other content still goes on.
+    pub(super) async fn prepare(&self, ev: &NewEvent) -> Prepared {
+        let content: RoomMessageEventContent =
+            match serde_json::from_str(ev.content.as_deref().unwrap_or("{}")) {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(error = %e, "message content does not parse; forwarding nothing");
+                    return Prepared::default();
+                }
+            };
+        let Some(file) = MediaFields::of(&content.msgtype) else {
+            let body = match &content.msgtype {
+                MessageType::Emote(e) => format!("* {}", e.body),
+                other => other.body().to_owned(),
+            };
+            return Prepared {
+                text: body,
+                ..Prepared::default()
+            };
+        };
+        let (name, caption) = pick_name(file.filename.as_deref(), &file.body);
+        let mut prepared = Prepared {
+            text: caption.unwrap_or_default(),
+            ..Prepared::default()
+        };
+        match self
+            .download(ev, file.source, name, file.size, file.mimetype)
+            .await
+        {
+            Ok(d) => {
+                prepared.attachments.push(d.path.clone());
+                prepared.info.insert(d.path, d.info);
+            }
+            Err(()) => prepared.failed_file = true,
+        }
+        prepared
+    }
+
+    async fn download(
+        &self,
+        ev: &NewEvent,
+        source: MediaSource,
+        name: String,
+        declared_size: Option<u64>,
+        declared_mime: Option<String>,
+    ) -> Result<media::Downloaded, ()> {
+        let (Ok(event_id), Ok(room_id), Ok(sender)) = (
+            OwnedEventId::try_from(ev.event_id.as_str()),
+            OwnedRoomId::try_from(ev.room_id.as_str()),
+            OwnedUserId::try_from(ev.sender.as_str()),
+        ) else {
+            warn!("malformed ids in journal; skipping file");
+            return Err(());
+        };
+        let req = DownloadRequest {
+            event_id,
+            room_id,
+            sender,
+            source,
+            declared_size,
+            declared_mime,
+            name,
+        };
+        let ctx = &self.ctx;
+        match media::download_to_inbox(&ctx.client, &ctx.workspace, &req, ctx.config.max_file_size)
+            .await
+        {
+            Ok(d) => {
+                info!(path = %d.path, size = d.info.size, mime = %d.info.mime, "file saved to inbox");
+                Ok(d)
+            }
+            Err(e) => {
+                warn!(
+                    event_id = %ev.event_id,
+                    room_id = %ev.room_id,
+                    file = %e.name,
+                    reason = %e.failure,
+                    "download failed"
+                );
+                let target = self.target_for(&ev.event_id, ev.thread_root.as_deref());
+                if let Some(target) = target {
+                    let txn = render::notice_txn_id(&ev.event_id, "download-failed");
+                    let content = target.notice(&e.user_message());
+                    let out = Outgoing {
+                        txn: &txn,
+                        thread_root: Some(target.root()),
+                        about: Some(&target.event_id),
+                        purpose: "download-failed",
+                    };
+                    match send::post(ctx, &self.room, content, out).await {
+                        Ok(_) => {}
+                        Err(PostError::Refused(r)) => {
+                            send::report_refusal(ctx, &self.room, out, Some(&target), &r).await;
+                        }
+                        Err(pe) => {
+                            warn!(error = %pe, "could not tell the room about the failed download");
+                        }
+                    }
+                }
+                Err(())
+            }
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! One turn as a pure state machine: what the agent link says (and the idle deadline, and
+//! shutdown) goes in, what to do in the room comes out. The lane executes the steps
+//! (`lanes::effects`); this module decides them, and its table tests pin the rules: answer text
+//! is posted before anything that follows it, a turn the agent already had waits only a fixed
+//! time for news, and every way a turn ends is named.
+
+use std::collections::HashMap;
+
+use protocol::{ApprovalRequest, AskUser, EndStatus, SendFile, ToSurface};
+
+use crate::render;
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The link (re)connected; the agent has stored every turn up to `last_seq`.
+    Connected {
+        /// From the agent's welcome.
+        last_seq: u64,
+    },
+    /// The link dropped (it reconnects by itself).
+    Disconnected,
+    /// A message from the agent.
+    Message(ToSurface),
+    /// No news before the current deadline.
+    Quiet,
+    /// Shutdown, or the link is gone for good: the turn stays open and resumes after restart.
+    Stop,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Post answer text (markdown; long text becomes several messages).
+    Answer(String),
+    /// Post a notice in the turn's thread.
+    Notice {
+        /// The text.
+        text: String,
+        /// What it is, for the journal and the log.
+        purpose: &'static str,
+    },
+    /// Upload and post a workspace file.
+    SendFile(SendFile),
+    /// Prompt the user for an approval.
+    Approval(ApprovalRequest),
+    /// Ask the user a question.
+    Ask(AskUser),
+    /// The agent had this turn before: from now on wait only a fixed time for news (a lost
+    /// `end` must not block the chat); reconnects do not extend that time.
+    Recover,
+    /// The agent is working on the turn: the normal idle deadline applies again.
+    Resume,
+    /// The agent reported an error (logged).
+    AgentError(String),
+    /// The turn is over.
+    Finish(Outcome),
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The agent ended it.
+    Ended,
+    /// The agent went quiet.
+    Timeout,
+    /// The agent had the turn, but its end never came (lost with a connection).
+    Lost,
+    /// Shutdown: not finished, resumed after the restart.
+    Interrupted,
+}
+
+impl Outcome {
+    /// Whether the turn is done for the journal.
+    pub fn is_final(self) -> bool {
+        self != Self::Interrupted
+    }
+}
+
+/// Text of the notice when the agent went quiet.
+pub const TIMEOUT_NOTICE: &str = "⚠️ The agent did not finish answering this message.";
+/// Text of the notice when a turn's end was lost.
+pub const LOST_NOTICE: &str = "⚠️ I lost the connection to the agent while it was answering; \
+                               the answer may be incomplete.";
+
+/// The state of one turn.
+#[derive(Debug, Clone)]
+pub struct TurnState {
+    turn: String,
+    seq: u64,
+    show_tool_calls: bool,
+    text: String,
+    /// Tool calls being streamed: call id → (name, arguments so far).
+    tool_calls: HashMap<String, (String, String)>,
+    recovering: bool,
+}
+
+impl TurnState {
+    /// A turn `turn` (the trigger's event id) stored as `seq`.
+    pub fn new(turn: impl Into<String>, seq: u64, show_tool_calls: bool) -> Self {
+        Self {
+            turn: turn.into(),
+            seq,
+            show_tool_calls,
+            text: String::new(),
+            tool_calls: HashMap::new(),
+            recovering: false,
+        }
+    }
+
+    /// The steps `input` calls for.
+    pub fn on(&mut self, input: Input) -> Vec<Step> {
+        let mut steps = Vec::new();
+        match input {
+            Input::Stop => steps.push(Step::Finish(Outcome::Interrupted)),
+            Input::Quiet => {
+                self.flush(&mut steps);
+                let (text, purpose, outcome) = if self.recovering {
+                    (LOST_NOTICE, "turn-lost", Outcome::Lost)
+                } else {
+                    (TIMEOUT_NOTICE, "turn-timeout", Outcome::Timeout)
+                };
+                steps.push(Step::Notice {
+                    text: text.to_owned(),
+                    purpose,
+                });
+                steps.push(Step::Finish(outcome));
+            }
+            Input::Disconnected => {}
+            Input::Connected { last_seq } => {
+                if last_seq >= self.seq {
+                    self.recover(&mut steps);
+                }
+            }
+            Input::Message(m) => self.on_message(m, &mut steps),
+        }
+        steps
+    }
+
+    fn on_message(&mut self, m: ToSurface, steps: &mut Vec<Step>) {
+        if turn_of(&m) == Some(self.turn.as_str()) && self.recovering {
+            self.recovering = false;
+            steps.push(Step::Resume);
+        }
+        let mine = |t: &str| t == self.turn;
+        match m {
+            ToSurface::Ack(a) if a.seq == self.seq && a.duplicate => self.recover(steps),
+            ToSurface::End(e) if mine(&e.turn) => {
+                self.flush(steps);
+                if e.status != EndStatus::Completed {
+                    let why = e
+                        .error
+                        .unwrap_or_else(|| format!("{:?}", e.status).to_lowercase());
+                    steps.push(Step::Notice {
+                        text: format!("⚠️ I could not finish this: {why}"),
+                        purpose: "turn-failed",
+                    });
+                }
+                steps.push(Step::Finish(Outcome::Ended));
+            }
+            ToSurface::TextChunk(t) if mine(&t.turn) => self.text.push_str(&t.text),
+            ToSurface::ToolCallChunk(c) if mine(&c.turn) => {
+                let entry = self.tool_calls.entry(c.call_id).or_default();
+                if !c.name.is_empty() {
+                    entry.0 = c.name;
+                }
+                entry.1.push_str(&c.arguments);
+            }
+            ToSurface::ToolResult(r) if mine(&r.turn) => {
+                let (name, args) = self.tool_calls.remove(&r.call_id).unwrap_or_default();
+                if self.show_tool_calls {
+                    self.flush(steps);
+                    steps.push(Step::Notice {
+                        text: render::tool_notice(&name, &args, r.ok, &r.output),
+                        purpose: "tool",
+                    });
+                }
+            }
+            ToSurface::SendFile(f) if mine(&f.turn) => {
+                self.flush(steps);
+                steps.push(Step::SendFile(f));
+            }
+            ToSurface::ApprovalRequest(r) if mine(&r.turn) => {
+                self.flush(steps);
+                steps.push(Step::Approval(r));
+            }
+            ToSurface::AskUser(q) if mine(&q.turn) => {
+                self.flush(steps);
+                steps.push(Step::Ask(q));
+            }
+            ToSurface::Error(e) => {
+                steps.push(Step::AgentError(format!("{:?}: {}", e.code, e.message)))
+            }
+            _ => {}
+        }
+    }
+
+    fn recover(&mut self, steps: &mut Vec<Step>) {
+        if !self.recovering {
+            self.recovering = true;
+            steps.push(Step::Recover);
+        }
+    }
+
+    fn flush(&mut self, steps: &mut Vec<Step>) {
+        let text = std::mem::take(&mut self.text);
+        let text = text.trim();
+        if !text.is_empty() {
+            steps.push(Step::Answer(text.to_owned()));
+        }
+    }
+}
+
+/// The turn an agent message belongs to, for messages that belong to one.
+fn turn_of(m: &ToSurface) -> Option<&str> {
+    match m {
+        ToSurface::TextChunk(t) => Some(&t.turn),
+        ToSurface::ToolCallChunk(c) => Some(&c.turn),
+        ToSurface::ToolResult(r) => Some(&r.turn),
+        ToSurface::SendFile(f) => Some(&f.turn),
+        ToSurface::ApprovalRequest(r) => Some(&r.turn),
+        ToSurface::AskUser(q) => Some(&q.turn),
+        ToSurface::End(e) => Some(&e.turn),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// An agent message from its JSON (the wire format keeps these tests readable).
+    fn msg(v: serde_json::Value) -> Input {
+        Input::Message(serde_json::from_value(v).unwrap())
+    }
+
+    fn text(t: &str) -> Input {
+        msg(json!({"type": "text_chunk", "turn": "$t", "text": t}))
+    }
+
+    fn end(status: &str) -> Input {
+        msg(json!({"type": "end", "turn": "$t", "status": status}))
+    }
+
+    fn notice(text: &str, purpose: &'static str) -> Step {
+        Step::Notice {
+            text: text.to_owned(),
+            purpose,
+        }
+    }
+
+    fn answer(t: &str) -> Step {
+        Step::Answer(t.to_owned())
+    }
+
+    /// A case: name, whether tool calls are shown, inputs, and the steps for each input.
+    type Case = (&'static str, bool, Vec<Input>, Vec<Vec<Step>>);
+
+    /// Runs `inputs` through a fresh turn `$t` (seq 3) and returns every step, per input.
+    fn run(show_tools: bool, inputs: Vec<Input>) -> Vec<Vec<Step>> {
+        let mut s = TurnState::new("$t", 3, show_tools);
+        inputs.into_iter().map(|i| s.on(i)).collect()
+    }
+
+    #[test]
+    fn table() {
+        let send_file =
+            json!({"type": "send_file", "turn": "$t", "request_id": "f1", "path": "chats/c/a.txt"});
+        let approval = json!({"type": "approval_request", "turn": "$t", "request_id": "r1",
+            "tool": "write_file", "resource": "a.txt", "summary": "write a.txt"});
+        let ask = json!({"type": "ask_user", "turn": "$t", "question_id": "q1", "text": "Color?"});
+        let cases: Vec<Case> = vec![
+            (
+                "text streams, then is posted at the end",
+                false,
+                vec![text("Hel"), text("lo "), end("completed")],
+                vec![
+                    vec![],
+                    vec![],
+                    vec![answer("Hello"), Step::Finish(Outcome::Ended)],
+                ],
+            ),
+            (
+                "a failed turn says why",
+                false,
+                vec![text("partial"), end("failed")],
+                vec![
+                    vec![],
+                    vec![
+                        answer("partial"),
+                        notice("⚠️ I could not finish this: failed", "turn-failed"),
+                        Step::Finish(Outcome::Ended),
+                    ],
+                ],
+            ),
+            (
+                "text before a file is posted before it",
+                false,
+                vec![text("here:"), msg(send_file.clone())],
+                vec![
+                    vec![],
+                    vec![
+                        answer("here:"),
+                        Step::SendFile(serde_json::from_value(send_file.clone()).unwrap()),
+                    ],
+                ],
+            ),
+            (
+                "prompts flush text too",
+                false,
+                vec![text("need ok"), msg(approval.clone()), msg(ask.clone())],
+                vec![
+                    vec![],
+                    vec![
+                        answer("need ok"),
+                        Step::Approval(serde_json::from_value(approval.clone()).unwrap()),
+                    ],
+                    vec![Step::Ask(serde_json::from_value(ask.clone()).unwrap())],
+                ],
+            ),
+            (
+                "whitespace alone is not posted",
+                false,
+                vec![text("  \n"), end("completed")],
+                vec![vec![], vec![Step::Finish(Outcome::Ended)]],
+            ),
+            (
+                "another turn's messages are ignored",
+                false,
+                vec![
+                    msg(json!({"type": "text_chunk", "turn": "$other", "text": "x"})),
+                    msg(json!({"type": "end", "turn": "$other", "status": "completed"})),
+                ],
+                vec![vec![], vec![]],
+            ),
+            (
+                "tool calls are shown when asked, with their streamed arguments",
+                true,
+                vec![
+                    msg(
+                        json!({"type": "tool_call_chunk", "turn": "$t", "call_id": "c1", "name": "list_files", "arguments": "{\"a\""}),
+                    ),
+                    msg(
+                        json!({"type": "tool_call_chunk", "turn": "$t", "call_id": "c1", "name": "", "arguments": ":1}"}),
+                    ),
+                    msg(
+                        json!({"type": "tool_result", "turn": "$t", "call_id": "c1", "ok": true, "output": "3 files"}),
+                    ),
+                ],
+                vec![
+                    vec![],
+                    vec![],
+                    vec![notice(
+                        &render::tool_notice("list_files", "{\"a\":1}", true, "3 files"),
+                        "tool",
+                    )],
+                ],
+            ),
+            (
+                "tool calls are silent by default",
+                false,
+                vec![msg(
+                    json!({"type": "tool_result", "turn": "$t", "call_id": "c1", "ok": true, "output": "x"}),
+                )],
+                vec![vec![]],
+            ),
+            (
+                "quiet agent: what was said is posted, then the timeout notice",
+                false,
+                vec![text("half"), Input::Quiet],
+                vec![
+                    vec![],
+                    vec![
+                        answer("half"),
+                        notice(TIMEOUT_NOTICE, "turn-timeout"),
+                        Step::Finish(Outcome::Timeout),
+                    ],
+                ],
+            ),
+            (
+                "a duplicate ack means the agent had the turn: recover, once",
+                false,
+                vec![
+                    msg(json!({"type": "ack", "seq": 3, "duplicate": true})),
+                    Input::Connected { last_seq: 3 },
+                    Input::Quiet,
+                ],
+                vec![
+                    vec![Step::Recover],
+                    vec![],
+                    vec![
+                        notice(LOST_NOTICE, "turn-lost"),
+                        Step::Finish(Outcome::Lost),
+                    ],
+                ],
+            ),
+            (
+                "a reconnect that does not cover the turn changes nothing",
+                false,
+                vec![Input::Connected { last_seq: 2 }, Input::Disconnected],
+                vec![vec![], vec![]],
+            ),
+            (
+                "news about the turn ends recovery",
+                false,
+                vec![
+                    Input::Connected { last_seq: 5 },
+                    text("again"),
+                    end("completed"),
+                ],
+                vec![
+                    vec![Step::Recover],
+                    vec![Step::Resume],
+                    vec![answer("again"), Step::Finish(Outcome::Ended)],
+                ],
+            ),
+            (
+                "an ack of another seq, or a fresh ack, is not news",
+                false,
+                vec![
+                    msg(json!({"type": "ack", "seq": 2, "duplicate": true})),
+                    msg(json!({"type": "ack", "seq": 3, "duplicate": false})),
+                ],
+                vec![vec![], vec![]],
+            ),
+            (
+                "shutdown leaves the turn open",
+                false,
+                vec![text("x"), Input::Stop],
+                vec![vec![], vec![Step::Finish(Outcome::Interrupted)]],
+            ),
+            (
+                "agent errors are reported",
+                false,
+                vec![msg(
+                    json!({"type": "error", "code": "bad_message", "message": "nope"}),
+                )],
+                vec![vec![Step::AgentError("BadMessage: nope".into())]],
+            ),
+        ];
+        for (name, show, inputs, expected) in cases {
+            assert_eq!(run(show, inputs), expected, "{name}");
+        }
+        assert!(Outcome::Ended.is_final() && Outcome::Lost.is_final());
+        assert!(!Outcome::Interrupted.is_final());
+    }
+}
