@@ -5,8 +5,9 @@
 //! * [`config`]: the typed configuration from environment variables (secrets redacted).
 //! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown.
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
-//! * [`session`]: chats, handshake, admission by message id (decide, store, then ack), the
-//!   per-chat turn lane.
+//! * [`session`]: one connection: handshake, acknowledging turns, replies, running turns.
+//! * [`chat`]: one chat's durable record, its turn lane and current connection; admission by
+//!   message id (decide and store under one lock).
 //! * [`store`]: one JSON record per chat, replaced atomically.
 //! * [`turn`]: what a running turn may do ([`turn::TurnIo`]), questions and approvals.
 //! * [`tools`]: the typed tool registry with policies; the tools themselves.
@@ -15,6 +16,7 @@
 //! * [`brain`]: the `Brain` trait, the builtin command interpreter and the OpenAI client.
 
 pub mod brain;
+pub mod chat;
 pub mod config;
 pub mod confine;
 pub mod connection;

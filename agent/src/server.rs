@@ -20,9 +20,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::brain::{self, Brain};
+use crate::chat::Chats;
 use crate::config::Config;
 use crate::confine::Workspace;
-use crate::session::{self, Sessions};
+use crate::session;
 use crate::store::{Store, StoreError};
 use crate::tools::Registry;
 
@@ -37,7 +38,7 @@ pub struct AppState {
     /// The workspace root handle.
     pub workspace: Workspace,
     /// Chats and their records.
-    pub sessions: Arc<Sessions>,
+    pub chats: Arc<Chats>,
     /// The tools.
     pub registry: Arc<Registry>,
     /// The brain.
@@ -85,7 +86,7 @@ impl AppState {
         Ok(Self {
             config: Arc::new(config),
             workspace,
-            sessions: Arc::new(Sessions::new(store)),
+            chats: Arc::new(Chats::new(store)),
             registry,
             brain,
             shutdown,

@@ -8,11 +8,11 @@ use protocol::{ApprovalRequest, AskUser, Decision, SendFile, TextChunk, ToSurfac
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
+use crate::chat::Chat;
 use crate::config::Limits;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
 use crate::connection::{Closed, Outbox};
 use crate::describe::{FileDescription, describe};
-use crate::session::Chat;
 use crate::tools::{Registry, ToolCx, ToolOutcome, TurnGrants};
 
 /// A fresh random id with a readable prefix, for calls, requests and questions.
