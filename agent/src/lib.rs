@@ -9,7 +9,8 @@
 //! * [`chat`]: one chat's durable record, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).
 //! * [`store`]: one JSON record per chat, replaced atomically.
-//! * [`turn`]: what a running turn may do ([`turn::TurnIo`]), questions and approvals.
+//! * [`turn`]: what a running turn may do ([`turn::TurnIo`]).
+//! * [`link`]: the way from a turn to the surface and back: emit, ask, wait for approvals.
 //! * [`tools`]: the typed tool registry with policies; the tools themselves.
 //! * [`confine`]: opening files beneath the workspace handle; what a chat may touch.
 //! * [`describe`]: MIME sniffing, hashes, image sizes and previews of files.
@@ -21,6 +22,7 @@ pub mod config;
 pub mod confine;
 pub mod connection;
 pub mod describe;
+pub mod link;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -19,8 +19,9 @@ use crate::brain::{BrainError, TurnInput};
 use crate::chat::{Admission, Chat};
 use crate::confine::{ChatScope, ScopedWorkspace, Workspace};
 use crate::connection::{CloseReason, Connection, Keepalive, Outbox};
+use crate::link::{Link, Replies, new_id};
 use crate::store::TurnStatus;
-use crate::turn::{Link, Replies, TurnIo, new_id};
+use crate::turn::TurnIo;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 

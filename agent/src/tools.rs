@@ -22,7 +22,7 @@ pub use interact::{AskUserTool, DangerousAction};
 
 use crate::config::Policy;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
-use crate::turn::Link;
+use crate::link::{Link, new_id};
 
 /// Why a tool call did not produce a result. The message goes back to the brain.
 #[derive(Debug, thiserror::Error)]
@@ -274,7 +274,7 @@ impl Registry {
         cx: &ToolCx<'_>,
         grants: &mut TurnGrants,
     ) -> ToolOutcome {
-        let call_id = crate::turn::new_id("call");
+        let call_id = new_id("call");
         let _ = cx
             .link
             .emit(ToolCallChunk {
