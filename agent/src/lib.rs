@@ -4,6 +4,7 @@
 //! Module map:
 //! * [`config`]: the typed configuration from environment variables (secrets redacted).
 //! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown.
+//! * [`state`]: [`AppState`], what every connection shares, built once at start.
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
 //! * [`session`]: one connection: handshake, acknowledging turns, replies, running turns.
 //! * [`chat`]: one chat's durable record, its turn lane and current connection; admission by
@@ -25,9 +26,11 @@ pub mod describe;
 pub mod link;
 pub mod server;
 pub mod session;
+pub mod state;
 pub mod store;
 pub mod tools;
 pub mod turn;
 
 pub use config::Config;
-pub use server::{AppState, RunError, app, run};
+pub use server::{RunError, app, run};
+pub use state::AppState;

@@ -14,12 +14,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, instrument, warn};
 
-use crate::AppState;
 use crate::brain::{BrainError, TurnInput};
 use crate::chat::{Admission, Chat};
 use crate::confine::{ChatScope, ScopedWorkspace, Workspace};
 use crate::connection::{CloseReason, Connection, Keepalive, Outbox};
 use crate::link::{Link, Replies, new_id};
+use crate::state::AppState;
 use crate::store::TurnStatus;
 use crate::turn::TurnIo;
 
