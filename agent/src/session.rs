@@ -1,32 +1,26 @@
 //! The driver of one connection to a chat: handshake, admission of turns (stored, then
-//! acknowledged), replies, and the worker that runs the chat's turns one at a time, in order.
+//! acknowledged), routing of replies and cancels, and the worker that runs the chat's turns one
+//! at a time, in order.
 
-use std::collections::HashSet;
+mod handshake;
+mod worker;
+
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use axum::extract::ws::WebSocket;
-use protocol::{
-    Ack, ChatId, End, EndStatus, ErrorCode, Hello, PROTOCOL_VERSION, Sentinel, TextChunk, ToAgent,
-    UserMessage, Welcome, WorkspaceCheck, WorkspacePath,
-};
+use protocol::{Ack, ChatId, ErrorCode, PROTOCOL_VERSION, ToAgent, UserMessage, Welcome};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error, info, info_span, instrument, warn};
+use tracing::{Instrument, error, info, instrument, warn};
 
-use crate::brain::{BrainError, TurnInput};
+use self::handshake::{check_workspace, handshake};
+use self::worker::{Running, cancel_turn, turn_worker};
 use crate::chat::{Admission, Chat};
-use crate::confine::{ChatScope, ScopedWorkspace, Workspace};
 use crate::connection::{CloseReason, Connection, Keepalive, Outbox};
-use crate::link::{Link, Replies, new_id};
+use crate::link::{Link, Replies};
 use crate::state::AppState;
-use crate::store::TurnStatus;
-use crate::turn::TurnIo;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
-
-/// The turn currently running on a connection, so `cancel` can reach it.
-type Running = Arc<Mutex<Option<(String, CancellationToken)>>>;
 
 /// Serves one WebSocket connection for `chat_id` until it closes.
 #[instrument(skip_all, fields(chat_id = %chat_id, conn))]
@@ -178,39 +172,6 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
     chat.detach(conn_id);
 }
 
-/// Waits for `hello` and checks its version. `None` (after telling the peer) if it fails.
-async fn handshake(
-    conn: &mut Connection,
-    out: &Outbox,
-    limits: &crate::config::Limits,
-) -> Option<Hello> {
-    let (code, message) = match conn.recv_within(limits.handshake_timeout).await {
-        Ok(Some(ToAgent::Hello(hello))) if hello.protocol_version == PROTOCOL_VERSION => {
-            return Some(hello);
-        }
-        Ok(Some(ToAgent::Hello(hello))) => (
-            ErrorCode::UnsupportedVersion,
-            format!(
-                "protocol version {} is not supported; this agent speaks {PROTOCOL_VERSION}",
-                hello.protocol_version
-            ),
-        ),
-        Ok(Some(_)) => (
-            ErrorCode::BadHandshake,
-            "the first message must be hello".to_owned(),
-        ),
-        Ok(None) => return None,
-        Err(_) => (
-            ErrorCode::BadHandshake,
-            format!("no hello within {:?}", limits.handshake_timeout),
-        ),
-    };
-    warn!(?code, %message, "handshake failed");
-    let _ = out.error(code, message).await;
-    out.close(CloseReason::Protocol).await;
-    None
-}
-
 /// What the receive loop does after [`admit`].
 enum Next {
     /// Queue the turn.
@@ -281,236 +242,4 @@ async fn admit(chat: &Chat, out: &Outbox, m: &UserMessage) -> Next {
             Next::Disconnect
         }
     }
-}
-
-async fn cancel_turn(chat: &Chat, out: &Outbox, running: &Running, turn: &str) {
-    let token = {
-        let running = running.lock().unwrap_or_else(|e| e.into_inner());
-        running
-            .as_ref()
-            .filter(|(id, _)| id == turn)
-            .map(|(_, t)| t.clone())
-    };
-    if let Some(token) = token {
-        info!(turn, "cancelling the running turn");
-        token.cancel();
-    } else if chat.pending_turns().await.iter().any(|id| id == turn) {
-        // Queued but not started: it never runs.
-        if chat
-            .finish(turn, TurnStatus::Cancelled, String::new(), Vec::new(), None)
-            .await
-            .is_ok()
-        {
-            let _ = out
-                .send(
-                    &End {
-                        turn: turn.to_owned(),
-                        status: EndStatus::Cancelled,
-                        error: None,
-                    }
-                    .into(),
-                )
-                .await;
-        }
-    }
-}
-
-/// Runs the connection's queued turns one after the other, holding the chat's lane.
-async fn turn_worker(
-    app: AppState,
-    chat: Arc<Chat>,
-    link: Link,
-    mut turns: mpsc::UnboundedReceiver<String>,
-    cancel: CancellationToken,
-    running: Running,
-) {
-    // A turn resumed at connect and resent by the surface is queued twice: run it once.
-    let mut seen = HashSet::new();
-    loop {
-        let id = tokio::select! {
-            _ = cancel.cancelled() => return,
-            id = turns.recv() => match id {
-                Some(id) => id,
-                None => return,
-            },
-        };
-        if !seen.insert(id.clone()) {
-            continue;
-        }
-        let _lane = tokio::select! {
-            _ = cancel.cancelled() => return,
-            guard = chat.lane.lock() => guard,
-        };
-        run_turn(&app, &chat, &link, &id, &cancel, &running).await;
-    }
-}
-
-#[instrument(skip_all, fields(chat_id = %chat.id, turn = %id))]
-async fn run_turn(
-    app: &AppState,
-    chat: &Arc<Chat>,
-    link: &Link,
-    id: &str,
-    conn_cancel: &CancellationToken,
-    running: &Running,
-) {
-    let Some((turn, history, room_id)) = chat.begin(id).await else {
-        replay(chat, link, id).await;
-        return;
-    };
-    info!(
-        seq = turn.seq,
-        attachments = turn.attachments.len(),
-        "turn starts"
-    );
-    let scope = ChatScope::new(chat.id.clone(), room_id.as_deref());
-    let ws = ScopedWorkspace {
-        workspace: app.workspace.clone(),
-        scope,
-    };
-    let turn_cancel = conn_cancel.child_token();
-    *running.lock().unwrap_or_else(|e| e.into_inner()) = Some((id.to_owned(), turn_cancel.clone()));
-    let mut io = TurnIo::new(link.clone(), ws, app.registry.clone(), id.to_owned());
-    let input = TurnInput {
-        chat_id: chat.id.clone(),
-        turn,
-        history,
-    };
-    let result = tokio::select! {
-        r = app.brain.run_turn(&input, &mut io) => Some(r),
-        _ = turn_cancel.cancelled() => None,
-    };
-    *running.lock().unwrap_or_else(|e| e.into_inner()) = None;
-
-    if conn_cancel.is_cancelled() {
-        // Closed, replaced or shutting down: the turn stays pending and runs on the next
-        // connection (its acknowledgement already promised that).
-        info!("connection ended during the turn; it will run again on reconnect");
-        return;
-    }
-    let (status, error) = match result {
-        None => (TurnStatus::Cancelled, None),
-        Some(Ok(())) => (TurnStatus::Completed, None),
-        Some(Err(BrainError::Disconnected)) => {
-            info!("surface went away during the turn; it will run again on reconnect");
-            return;
-        }
-        Some(Err(e)) => {
-            error!(error = %e, "turn failed");
-            (TurnStatus::Failed, Some(e.public_message()))
-        }
-    };
-    let (output, sent_files) = io.into_output();
-    if let Err(e) = chat
-        .finish(id, status, output, sent_files, error.clone())
-        .await
-    {
-        error!(error = %e, "cannot record the end of the turn");
-    }
-    let end_status = end_status(status);
-    info!(status = ?end_status, "turn ends");
-    let _ = link
-        .emit(End {
-            turn: id.to_owned(),
-            status: end_status,
-            error,
-        })
-        .await;
-}
-
-fn end_status(status: TurnStatus) -> EndStatus {
-    match status {
-        TurnStatus::Completed | TurnStatus::Pending => EndStatus::Completed,
-        TurnStatus::Failed => EndStatus::Failed,
-        TurnStatus::Cancelled => EndStatus::Cancelled,
-    }
-}
-
-/// Largest text chunk of a replayed answer, well below the message size limit.
-const REPLAY_CHUNK: usize = 16 * 1024;
-
-/// Sends the stored answer of a finished turn again. The surface resends turns it never saw
-/// end (the connection that carried the answer may have died with it); its sends are
-/// idempotent per turn and output index, so a repeated answer is not posted twice.
-/// Files the turn sent are not sent again.
-async fn replay(chat: &Chat, link: &Link, id: &str) {
-    let Some(turn) = chat.finished(id).await else {
-        return;
-    };
-    info!(status = ?turn.status, "replaying the stored answer of a finished turn");
-    let mut rest = turn.output.as_str();
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(REPLAY_CHUNK);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let (piece, tail) = rest.split_at(cut);
-        rest = tail;
-        let chunk = TextChunk {
-            turn: id.to_owned(),
-            text: piece.to_owned(),
-        };
-        if link.emit(chunk).await.is_err() {
-            return;
-        }
-    }
-    let _ = link
-        .emit(End {
-            turn: id.to_owned(),
-            status: end_status(turn.status),
-            error: turn.error,
-        })
-        .await;
-}
-
-/// Checks the surface's sentinel and writes the agent's own, so each side can prove the two
-/// processes see the same workspace.
-async fn check_workspace(
-    workspace: &Workspace,
-    chat: &ChatId,
-    sentinel: Option<Sentinel>,
-) -> WorkspaceCheck {
-    let workspace = workspace.clone();
-    let chat = chat.clone();
-    let span = info_span!("workspace_check");
-    tokio::task::spawn_blocking(move || {
-        let _enter = span.enter();
-        let surface_sentinel_ok = sentinel.map(|s| {
-            let allowed =
-                WorkspacePath::new("surfaces/matrix/.sentinel").expect("constant is valid");
-            let ok = s.path.starts_with(&allowed)
-                && workspace
-                    .read_prefix(&s.path, 4096)
-                    .is_ok_and(|(bytes, _)| bytes == s.nonce.as_bytes());
-            if ok {
-                info!(path = %s.path, "surface sentinel found: the workspace is shared");
-            } else {
-                error!(
-                    path = %s.path,
-                    "WORKSPACE MISMATCH: the surface's sentinel file is missing or different here; \
-                     the surface and the agent do not see the same workspace"
-                );
-            }
-            ok
-        });
-        let nonce = new_id("agent");
-        let agent_sentinel = WorkspacePath::new(format!("chats/.sentinel/{chat}"))
-            .ok()
-            .and_then(|path| match workspace.write_file(&path, nonce.as_bytes()) {
-                Ok(()) => Some(Sentinel { path, nonce }),
-                Err(e) => {
-                    error!(error = %e, "cannot write the agent's workspace sentinel");
-                    None
-                }
-            });
-        WorkspaceCheck {
-            surface_sentinel_ok,
-            agent_sentinel,
-        }
-    })
-    .await
-    .unwrap_or(WorkspaceCheck {
-        surface_sentinel_ok: Some(false),
-        agent_sentinel: None,
-    })
 }
