@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
-
-use crate::tools::{self, Policy};
 
 /// Everything the agent needs to run. Built by [`Config::from_env`] (or [`Config::from_lookup`]
 /// in tests); passed explicitly, never read from globals.
@@ -79,6 +78,57 @@ impl Default for Limits {
             max_file_size: 100 * 1024 * 1024,
         }
     }
+}
+
+/// What happens when a brain calls a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Run it.
+    Allow,
+    /// Ask the user first (`approval_request`); no decision in time means deny.
+    Ask,
+    /// Refuse it; the brain gets an error result.
+    Deny,
+}
+
+impl FromStr for Policy {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "allow" => Ok(Self::Allow),
+            "ask" => Ok(Self::Ask),
+            "deny" => Ok(Self::Deny),
+            _ => Err(()),
+        }
+    }
+}
+
+/// Every tool name, as used in `AGENT_TOOL_POLICY` and by brains. The configuration names the
+/// tools so it can be validated before anything starts; `tools` implements exactly these (its
+/// tests check that the two agree).
+pub const TOOL_NAMES: &[&str] = &[
+    "list_files",
+    "read_file",
+    "write_file",
+    "send_file",
+    "ask_user",
+    "dangerous_action",
+    "describe_file",
+];
+
+/// The policies used when `AGENT_TOOL_POLICY` says nothing about a tool.
+pub fn default_policies() -> BTreeMap<String, Policy> {
+    TOOL_NAMES
+        .iter()
+        .map(|&name| {
+            let policy = if name == "dangerous_action" {
+                Policy::Ask
+            } else {
+                Policy::Allow
+            };
+            (name.to_owned(), policy)
+        })
+        .collect()
 }
 
 pub use protocol::Secret;
@@ -257,7 +307,7 @@ impl Config {
             workspace_root,
             state_dir,
             brain: BrainConfig::Builtin,
-            tool_policy: tools::default_policies(),
+            tool_policy: default_policies(),
             limits: Limits::default(),
         }
     }
@@ -274,7 +324,7 @@ fn absolute_path(var: &'static str, value: String) -> Result<PathBuf, ConfigErro
 /// Parses `tool=policy,tool=policy` over the default policies.
 fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
     const VAR: &str = "AGENT_TOOL_POLICY";
-    let mut policies = tools::default_policies();
+    let mut policies = default_policies();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (tool, policy) = item
             .split_once('=')
@@ -285,7 +335,7 @@ fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
                 VAR,
                 format!(
                     "unknown tool {tool:?}; known tools: {}",
-                    tools::TOOL_NAMES.join(", ")
+                    TOOL_NAMES.join(", ")
                 ),
             )
         })?;

@@ -1,7 +1,6 @@
 //! The HTTP side: routes, authentication before the WebSocket upgrade, and the server's life
 //! cycle (`run` until the shutdown token fires, then close every connection).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,79 +18,22 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::brain::{self, Brain};
 use crate::config::Config;
-use crate::confine::Workspace;
-use crate::session::{self, Sessions};
-use crate::store::{Store, StoreError};
-use crate::tools::Registry;
+use crate::session;
+use crate::state::{AppState, StateError};
 
 /// How long shutdown waits for connections and turns to wind down.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Shared state of the server. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The configuration.
-    pub config: Arc<Config>,
-    /// The workspace root handle.
-    pub workspace: Workspace,
-    /// Chats and their records.
-    pub sessions: Arc<Sessions>,
-    /// The tools.
-    pub registry: Arc<Registry>,
-    /// The brain.
-    pub brain: Arc<dyn Brain>,
-    /// Fires on shutdown.
-    pub shutdown: CancellationToken,
-    /// Tracks connection and turn tasks, so shutdown can wait for them.
-    pub tracker: TaskTracker,
-}
-
 /// The agent could not start or serve.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The workspace root cannot be opened.
-    #[error("WORKSPACE_ROOT: cannot open {path}: {source}")]
-    Workspace {
-        /// The configured root.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The state directory cannot be used.
-    #[error("AGENT_STATE_DIR: {0}")]
-    State(#[from] StoreError),
+    /// The workspace or the state directory cannot be used.
+    #[error(transparent)]
+    State(#[from] StateError),
     /// Serving failed.
     #[error("server error: {0}")]
     Serve(#[from] std::io::Error),
-}
-
-impl AppState {
-    /// Opens the workspace and the state directory, and builds the brain and the tools.
-    pub fn new(
-        config: Config,
-        shutdown: CancellationToken,
-        tracker: TaskTracker,
-    ) -> Result<Self, RunError> {
-        let workspace = Workspace::open(&config.workspace_root, config.limits.max_file_size)
-            .map_err(|source| RunError::Workspace {
-                path: config.workspace_root.display().to_string(),
-                source,
-            })?;
-        let store = Store::open(&config.state_dir)?;
-        let registry = Arc::new(Registry::new(config.tool_policy.clone()));
-        let brain = brain::from_config(&config.brain);
-        Ok(Self {
-            config: Arc::new(config),
-            workspace,
-            sessions: Arc::new(Sessions::new(store)),
-            registry,
-            brain,
-            shutdown,
-            tracker,
-        })
-    }
 }
 
 /// The routes: `GET /healthz` and `GET /v1/agent_ws/{chat_id}/`.

@@ -9,7 +9,6 @@ mod interact;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::marker::PhantomData;
-use std::str::FromStr;
 
 use futures_util::future::BoxFuture;
 use protocol::{Decision, ToolCallChunk, ToolResult, WorkspacePath};
@@ -21,57 +20,9 @@ use tracing::{info, instrument, warn};
 pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, WriteFile};
 pub use interact::{AskUserTool, DangerousAction};
 
+use crate::config::Policy;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
-use crate::turn::Link;
-
-/// What happens when a brain calls a tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Run it.
-    Allow,
-    /// Ask the user first (`approval_request`); no decision in time means deny.
-    Ask,
-    /// Refuse it; the brain gets an error result.
-    Deny,
-}
-
-impl FromStr for Policy {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        match s {
-            "allow" => Ok(Self::Allow),
-            "ask" => Ok(Self::Ask),
-            "deny" => Ok(Self::Deny),
-            _ => Err(()),
-        }
-    }
-}
-
-/// Every tool name, as used in `AGENT_TOOL_POLICY` and by brains.
-pub const TOOL_NAMES: &[&str] = &[
-    ListFiles::NAME,
-    ReadFile::NAME,
-    WriteFile::NAME,
-    SendFileTool::NAME,
-    AskUserTool::NAME,
-    DangerousAction::NAME,
-    DescribeFile::NAME,
-];
-
-/// The policies used when `AGENT_TOOL_POLICY` says nothing about a tool.
-pub fn default_policies() -> BTreeMap<String, Policy> {
-    TOOL_NAMES
-        .iter()
-        .map(|&name| {
-            let policy = if name == DangerousAction::NAME {
-                Policy::Ask
-            } else {
-                Policy::Allow
-            };
-            (name.to_owned(), policy)
-        })
-        .collect()
-}
+use crate::link::{Link, new_id};
 
 /// Why a tool call did not produce a result. The message goes back to the brain.
 #[derive(Debug, thiserror::Error)]
@@ -323,7 +274,7 @@ impl Registry {
         cx: &ToolCx<'_>,
         grants: &mut TurnGrants,
     ) -> ToolOutcome {
-        let call_id = crate::turn::new_id("call");
+        let call_id = new_id("call");
         let _ = cx
             .link
             .emit(ToolCallChunk {
@@ -441,6 +392,7 @@ async fn blocking<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{TOOL_NAMES, default_policies};
 
     #[test]
     fn schemas_are_generated_for_every_tool() {
@@ -459,6 +411,16 @@ mod tests {
         let required = write.parameters["required"].as_array().unwrap();
         assert!(required.contains(&serde_json::json!("path")));
         assert!(required.contains(&serde_json::json!("content")));
+    }
+
+    #[test]
+    fn the_registry_has_exactly_the_configured_tools() {
+        let registry = Registry::new(default_policies());
+        let mut names: Vec<_> = registry.tools.keys().copied().collect();
+        let mut configured = TOOL_NAMES.to_vec();
+        names.sort_unstable();
+        configured.sort_unstable();
+        assert_eq!(names, configured);
     }
 
     #[test]

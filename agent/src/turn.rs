@@ -1,148 +1,16 @@
-//! What a running turn can do: emit text, call tools through the registry, ask the user, wait
-//! for approvals, describe files. Brains only ever talk to the surface through [`TurnIo`].
+//! What a running turn can do: emit text, call tools through the registry (which asks the user
+//! and waits for approvals over the [`Link`]), describe files. Brains only ever talk to the
+//! surface through [`TurnIo`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use protocol::{ApprovalRequest, AskUser, Decision, SendFile, TextChunk, ToSurface, WorkspacePath};
-use tokio::sync::oneshot;
-use tracing::{info, warn};
+use protocol::{SendFile, TextChunk, WorkspacePath};
 
-use crate::config::Limits;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
-use crate::connection::{Closed, Outbox};
+use crate::connection::Closed;
 use crate::describe::{FileDescription, describe};
-use crate::session::Chat;
+use crate::link::{Link, new_id};
 use crate::tools::{Registry, ToolCx, ToolOutcome, TurnGrants};
-
-/// A fresh random id with a readable prefix, for calls, requests and questions.
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", rand::random::<u64>())
-}
-
-/// Requests waiting for the user, by id; filled in by the connection's receive loop.
-#[derive(Debug, Default)]
-pub struct Replies {
-    approvals: Mutex<HashMap<String, oneshot::Sender<Decision>>>,
-    answers: Mutex<HashMap<String, oneshot::Sender<String>>>,
-}
-
-impl Replies {
-    /// Delivers an approval decision; `false` if nothing waits for `request_id`.
-    pub fn approval(&self, request_id: &str, decision: Decision) -> bool {
-        let waiter = lock(&self.approvals).remove(request_id);
-        waiter.is_some_and(|tx| tx.send(decision).is_ok())
-    }
-
-    /// Delivers an answer; `false` if nothing waits for `question_id`.
-    pub fn answer(&self, question_id: &str, text: String) -> bool {
-        let waiter = lock(&self.answers).remove(question_id);
-        waiter.is_some_and(|tx| tx.send(text).is_ok())
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Removes a waiter when the waiting future ends for any reason (answer, timeout, cancel).
-struct Waiting<'a, T> {
-    map: &'a Mutex<HashMap<String, oneshot::Sender<T>>>,
-    id: String,
-}
-
-impl<T> Drop for Waiting<'_, T> {
-    fn drop(&mut self) {
-        lock(self.map).remove(&self.id);
-    }
-}
-
-/// The way from a turn to the surface and back. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Link {
-    /// Where messages go.
-    pub out: Outbox,
-    /// Where replies come from.
-    pub replies: Arc<Replies>,
-    /// The chat (remembered approvals).
-    pub chat: Arc<Chat>,
-    /// Timeouts.
-    pub limits: Limits,
-}
-
-impl Link {
-    /// Sends a message to the surface.
-    pub async fn emit(&self, msg: impl Into<ToSurface>) -> Result<(), Closed> {
-        self.out.send(&msg.into()).await
-    }
-
-    /// Asks the user; `None` when no answer came within the ask timeout.
-    pub async fn ask(
-        &self,
-        turn: &str,
-        question: &str,
-        options: Vec<String>,
-    ) -> Result<Option<String>, Closed> {
-        let question_id = new_id("q");
-        let (tx, rx) = oneshot::channel();
-        lock(&self.replies.answers).insert(question_id.clone(), tx);
-        let _waiting = Waiting {
-            map: &self.replies.answers,
-            id: question_id.clone(),
-        };
-        self.emit(AskUser {
-            turn: turn.to_owned(),
-            question_id: question_id.clone(),
-            text: question.to_owned(),
-            options,
-        })
-        .await?;
-        match tokio::time::timeout(self.limits.ask_timeout, rx).await {
-            Ok(Ok(answer)) => Ok(Some(answer)),
-            Ok(Err(_)) => Err(Closed),
-            Err(_) => {
-                info!(question_id, "question timed out");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Asks the user to approve a tool call; no decision within the approval timeout is a deny.
-    pub async fn approve(
-        &self,
-        turn: &str,
-        tool: &str,
-        resource: &str,
-        summary: &str,
-    ) -> Result<Decision, Closed> {
-        let request_id = new_id("approval");
-        let (tx, rx) = oneshot::channel();
-        lock(&self.replies.approvals).insert(request_id.clone(), tx);
-        let _waiting = Waiting {
-            map: &self.replies.approvals,
-            id: request_id.clone(),
-        };
-        self.emit(ApprovalRequest {
-            turn: turn.to_owned(),
-            request_id: request_id.clone(),
-            tool: tool.to_owned(),
-            resource: resource.to_owned(),
-            summary: summary.to_owned(),
-        })
-        .await?;
-        match tokio::time::timeout(self.limits.approval_timeout, rx).await {
-            Ok(Ok(decision)) => {
-                info!(request_id, ?decision, "approval decided");
-                Ok(decision)
-            }
-            Ok(Err(_)) => Err(Closed),
-            Err(_) => {
-                warn!(request_id, "approval timed out: deny");
-                Ok(Decision::Deny)
-            }
-        }
-    }
-}
 
 /// What a brain gets to act during one turn.
 #[derive(Debug)]

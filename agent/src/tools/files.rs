@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::{Tool, ToolCx, ToolError, ToolOutput, blocking};
 use crate::confine::ChatScope;
+use crate::link::new_id;
 
 /// Largest text `read_file` returns.
 const MAX_READ_BYTES: u64 = 64 * 1024;
@@ -202,7 +203,7 @@ impl Tool for SendFileTool {
             Ok::<u64, ToolError>(f.size)
         })
         .await?;
-        let request_id = crate::turn::new_id("send");
+        let request_id = new_id("send");
         cx.link
             .emit(SendFile {
                 turn: cx.turn.to_owned(),

@@ -43,7 +43,7 @@ async fn a_huge_seq_is_refused_and_the_chat_goes_on_also_after_restart() {
         // Far ahead of the last stored seq, and 0, are refused too.
         refused(
             &mut c,
-            message(2 + agent::session::MAX_SEQ_AHEAD, "$far", "far"),
+            message(2 + agent::chat::MAX_SEQ_AHEAD, "$far", "far"),
         )
         .await;
         refused(&mut c, message(0, "$zero", "zero")).await;

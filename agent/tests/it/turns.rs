@@ -339,7 +339,7 @@ async fn unfinished_turn_runs_again_on_reconnect() {
 async fn denied_tools_return_an_error_to_the_brain() {
     let agent = TestAgent::start_with(|c| {
         c.tool_policy
-            .insert("write_file".into(), agent::tools::Policy::Deny);
+            .insert("write_file".into(), agent::config::Policy::Deny);
     })
     .await;
     let (mut c, _) = agent.connect(&chat()).await;

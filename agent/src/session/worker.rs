@@ -1,0 +1,205 @@
+//! Running a connection's turns: the worker takes queued turns one at a time while holding
+//! the chat's lane, runs each through the brain (or replays a finished one's stored answer),
+//! records how it ended, and cancels the running or a queued turn on request.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use protocol::{End, EndStatus, TextChunk};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, instrument};
+
+use crate::brain::{BrainError, TurnInput};
+use crate::chat::Chat;
+use crate::confine::{ChatScope, ScopedWorkspace};
+use crate::connection::Outbox;
+use crate::link::Link;
+use crate::state::AppState;
+use crate::store::TurnStatus;
+use crate::turn::TurnIo;
+
+/// The turn currently running on a connection, so `cancel` can reach it.
+pub(super) type Running = Arc<Mutex<Option<(String, CancellationToken)>>>;
+
+/// Cancels `turn` on the user's request: the running turn through its token; a queued one is
+/// recorded as cancelled and ended at once, so it never runs.
+pub(super) async fn cancel_turn(chat: &Chat, out: &Outbox, running: &Running, turn: &str) {
+    let token = {
+        let running = running.lock().unwrap_or_else(|e| e.into_inner());
+        running
+            .as_ref()
+            .filter(|(id, _)| id == turn)
+            .map(|(_, t)| t.clone())
+    };
+    if let Some(token) = token {
+        info!(turn, "cancelling the running turn");
+        token.cancel();
+    } else if chat.pending_turns().await.iter().any(|id| id == turn) {
+        // Queued but not started: it never runs.
+        if chat
+            .finish(turn, TurnStatus::Cancelled, String::new(), Vec::new(), None)
+            .await
+            .is_ok()
+        {
+            let _ = out
+                .send(
+                    &End {
+                        turn: turn.to_owned(),
+                        status: EndStatus::Cancelled,
+                        error: None,
+                    }
+                    .into(),
+                )
+                .await;
+        }
+    }
+}
+
+/// Runs the connection's queued turns one after the other, holding the chat's lane.
+pub(super) async fn turn_worker(
+    app: AppState,
+    chat: Arc<Chat>,
+    link: Link,
+    mut turns: mpsc::UnboundedReceiver<String>,
+    cancel: CancellationToken,
+    running: Running,
+) {
+    // A turn resumed at connect and resent by the surface is queued twice: run it once.
+    let mut seen = HashSet::new();
+    loop {
+        let id = tokio::select! {
+            _ = cancel.cancelled() => return,
+            id = turns.recv() => match id {
+                Some(id) => id,
+                None => return,
+            },
+        };
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        let _lane = tokio::select! {
+            _ = cancel.cancelled() => return,
+            guard = chat.lane.lock() => guard,
+        };
+        run_turn(&app, &chat, &link, &id, &cancel, &running).await;
+    }
+}
+
+#[instrument(skip_all, fields(chat_id = %chat.id, turn = %id))]
+async fn run_turn(
+    app: &AppState,
+    chat: &Arc<Chat>,
+    link: &Link,
+    id: &str,
+    conn_cancel: &CancellationToken,
+    running: &Running,
+) {
+    let Some((turn, history, room_id)) = chat.begin(id).await else {
+        replay(chat, link, id).await;
+        return;
+    };
+    info!(
+        seq = turn.seq,
+        attachments = turn.attachments.len(),
+        "turn starts"
+    );
+    let scope = ChatScope::new(chat.id.clone(), room_id.as_deref());
+    let ws = ScopedWorkspace {
+        workspace: app.workspace.clone(),
+        scope,
+    };
+    let turn_cancel = conn_cancel.child_token();
+    *running.lock().unwrap_or_else(|e| e.into_inner()) = Some((id.to_owned(), turn_cancel.clone()));
+    let mut io = TurnIo::new(link.clone(), ws, app.registry.clone(), id.to_owned());
+    let input = TurnInput {
+        chat_id: chat.id.clone(),
+        turn,
+        history,
+    };
+    let result = tokio::select! {
+        r = app.brain.run_turn(&input, &mut io) => Some(r),
+        _ = turn_cancel.cancelled() => None,
+    };
+    *running.lock().unwrap_or_else(|e| e.into_inner()) = None;
+
+    if conn_cancel.is_cancelled() {
+        // Closed, replaced or shutting down: the turn stays pending and runs on the next
+        // connection (its acknowledgement already promised that).
+        info!("connection ended during the turn; it will run again on reconnect");
+        return;
+    }
+    let (status, error) = match result {
+        None => (TurnStatus::Cancelled, None),
+        Some(Ok(())) => (TurnStatus::Completed, None),
+        Some(Err(BrainError::Disconnected)) => {
+            info!("surface went away during the turn; it will run again on reconnect");
+            return;
+        }
+        Some(Err(e)) => {
+            error!(error = %e, "turn failed");
+            (TurnStatus::Failed, Some(e.public_message()))
+        }
+    };
+    let (output, sent_files) = io.into_output();
+    if let Err(e) = chat
+        .finish(id, status, output, sent_files, error.clone())
+        .await
+    {
+        error!(error = %e, "cannot record the end of the turn");
+    }
+    let end_status = end_status(status);
+    info!(status = ?end_status, "turn ends");
+    let _ = link
+        .emit(End {
+            turn: id.to_owned(),
+            status: end_status,
+            error,
+        })
+        .await;
+}
+
+fn end_status(status: TurnStatus) -> EndStatus {
+    match status {
+        TurnStatus::Completed | TurnStatus::Pending => EndStatus::Completed,
+        TurnStatus::Failed => EndStatus::Failed,
+        TurnStatus::Cancelled => EndStatus::Cancelled,
+    }
+}
+
+/// Largest text chunk of a replayed answer, well below the message size limit.
+const REPLAY_CHUNK: usize = 16 * 1024;
+
+/// Sends the stored answer of a finished turn again. The surface resends turns it never saw
+/// end (the connection that carried the answer may have died with it); its sends are
+/// idempotent per turn and output index, so a repeated answer is not posted twice.
+/// Files the turn sent are not sent again.
+async fn replay(chat: &Chat, link: &Link, id: &str) {
+    let Some(turn) = chat.finished(id).await else {
+        return;
+    };
+    info!(status = ?turn.status, "replaying the stored answer of a finished turn");
+    let mut rest = turn.output.as_str();
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(REPLAY_CHUNK);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        let chunk = TextChunk {
+            turn: id.to_owned(),
+            text: piece.to_owned(),
+        };
+        if link.emit(chunk).await.is_err() {
+            return;
+        }
+    }
+    let _ = link
+        .emit(End {
+            turn: id.to_owned(),
+            status: end_status(turn.status),
+            error: turn.error,
+        })
+        .await;
+}

@@ -1,0 +1,76 @@
+//! The state every connection shares, built once at start from the lower modules: the
+//! configuration, the workspace handle, the chats, the tool registry and the brain.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::brain::{self, Brain};
+use crate::chat::Chats;
+use crate::config::Config;
+use crate::confine::Workspace;
+use crate::store::{Store, StoreError};
+use crate::tools::Registry;
+
+/// Shared state of the server. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// The workspace root handle.
+    pub workspace: Workspace,
+    /// Chats and their records.
+    pub chats: Arc<Chats>,
+    /// The tools.
+    pub registry: Arc<Registry>,
+    /// The brain.
+    pub brain: Arc<dyn Brain>,
+    /// Fires on shutdown.
+    pub shutdown: CancellationToken,
+    /// Tracks connection and turn tasks, so shutdown can wait for them.
+    pub tracker: TaskTracker,
+}
+
+/// The workspace or the state directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The workspace root cannot be opened.
+    #[error("WORKSPACE_ROOT: cannot open {path}: {source}")]
+    Workspace {
+        /// The configured root.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The state directory cannot be used.
+    #[error("AGENT_STATE_DIR: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl AppState {
+    /// Opens the workspace and the state directory, and builds the brain and the tools.
+    pub fn new(
+        config: Config,
+        shutdown: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Result<Self, StateError> {
+        let workspace = Workspace::open(&config.workspace_root, config.limits.max_file_size)
+            .map_err(|source| StateError::Workspace {
+                path: config.workspace_root.display().to_string(),
+                source,
+            })?;
+        let store = Store::open(&config.state_dir)?;
+        let registry = Arc::new(Registry::new(config.tool_policy.clone()));
+        let brain = brain::from_config(&config.brain);
+        Ok(Self {
+            config: Arc::new(config),
+            workspace,
+            chats: Arc::new(Chats::new(store)),
+            registry,
+            brain,
+            shutdown,
+            tracker,
+        })
+    }
+}
