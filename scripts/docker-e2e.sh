@@ -22,7 +22,8 @@
 # Environment (all optional):
 #   MXBRIDGE_E2E_PROJECT     compose project name (default mxbridge-e2e)
 #   MXBRIDGE_E2E_BIN_DIR     directory with prebuilt `agent` and `surface` (default: build them with
-#                            `cargo build -p agent -p surface` into $CARGO_TARGET_DIR, then use
+#                            `cargo build --workspace --all-targets` (the test command's one build,
+#                            so nothing is compiled twice) into $CARGO_TARGET_DIR, then use
 #                            $CARGO_TARGET_DIR/debug)
 #   CARGO_TARGET_DIR         default /root/.cache/mxbridge/target (shared with the other builds)
 #   MXBRIDGE_DOCKER_CACHE    scratch/cache folder (default ~/.cache/mxbridge/docker-e2e)
@@ -237,8 +238,8 @@ phase "synapse image"
 if [ -n "${MXBRIDGE_E2E_BIN_DIR:-}" ]; then
     BIN_DIR="$MXBRIDGE_E2E_BIN_DIR"
 else
-    say "cargo build -p agent -p surface (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    (cd "$REPO" && cargo build -q -p agent -p surface) || die "cargo build -p agent -p surface failed"
+    say "cargo build --workspace --all-targets (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    (cd "$REPO" && cargo build -q --workspace --all-targets --locked) || die "cargo build failed"
     BIN_DIR="$CARGO_TARGET_DIR/debug"
 fi
 for b in agent surface; do
