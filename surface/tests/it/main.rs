@@ -5,3 +5,4 @@
 
 mod agent_link;
 mod layers;
+mod run;
