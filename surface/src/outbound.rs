@@ -17,7 +17,7 @@ use crate::outbox::{self, OutboxItem};
 use crate::render;
 use crate::retention;
 use crate::send::{self, Outgoing, PostError};
-use crate::workspace::{ChatScope, Outcome};
+use crate::workspace::{ChatScope, Outcome, user_reason};
 
 /// Watches the outboxes and posts what appears, until shutdown.
 pub async fn run_outbox(ctx: Ctx) {
@@ -51,7 +51,7 @@ async fn sha256_of(ctx: &Ctx, path: &WorkspacePath, scope: &ChatScope) -> Result
     let opened = ctx
         .workspace
         .open_for_upload(path, scope, ctx.config.max_file_size)
-        .map_err(|e| e.user_reason())?;
+        .map_err(|e| user_reason(&e))?;
     let mut reader = opened.reader().map_err(|e| e.to_string())?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];

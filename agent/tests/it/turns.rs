@@ -158,6 +158,44 @@ async fn send_refuses_missing_and_foreign_files_alike() {
 }
 
 #[tokio::test]
+async fn a_download_in_progress_is_out_of_reach() {
+    let agent = TestAgent::start().await;
+    let root = agent.workspace.path();
+    let done = write(
+        root,
+        &format!("{}/20260101T120000Z-abcd1234-done.txt", inbox(ROOM)),
+        b"done",
+    );
+    // What the surface writes while a download is still streaming in.
+    let partial = write(
+        root,
+        &format!("{}/.partial-abcdef0123456789", inbox(ROOM)),
+        b"half",
+    );
+    let (mut c, _) = agent.connect(&chat()).await;
+
+    let mut m = message(1, "$m1", "User sent one or more attachments.");
+    m.attachments = vec![partial.clone()];
+    let described = c.turn(m).await;
+    let not_found = format!("not found: {partial}");
+    assert!(
+        described
+            .text()
+            .contains(&format!("could not read it: {not_found}")),
+        "{}",
+        described.text()
+    );
+
+    let sent = c.turn(message(2, "$m2", &format!("send {partial}"))).await;
+    assert!(sent.sent_files().is_empty(), "{sent:?}");
+    assert!(sent.text().contains(&not_found), "{}", sent.text());
+
+    let listed = c.turn(message(3, "$m3", "files")).await;
+    assert!(listed.text().contains(done.as_str()), "{}", listed.text());
+    assert!(!listed.text().contains(".partial-"), "{}", listed.text());
+}
+
+#[tokio::test]
 async fn ask_user_then_answer() {
     let agent = TestAgent::start().await;
     let (mut c, _) = agent.connect(&chat()).await;

@@ -14,7 +14,7 @@ use super::kind::MediaFields;
 use super::upload::{upload_encrypted_with, upload_with};
 use super::{MediaApi, UploadCache, UploadError, quoted_name};
 use crate::mime::{self, HEAD_BYTES};
-use crate::workspace::{ChatScope, FileRefused, OpenedFile, Workspace};
+use crate::workspace::{ChatScope, ConfineError, OpenedFile, Workspace, user_reason};
 
 /// A file could not be sent: which one, and why.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +33,7 @@ pub enum SendFileFailure {
     /// Missing, out of the chat's scope (reported as missing), a symlink, not a regular file,
     /// hard-linked, or over the size limit.
     #[error(transparent)]
-    Refused(#[from] FileRefused),
+    Refused(#[from] ConfineError),
     /// Reading the file's head failed.
     #[error("could not read the file: {0}")]
     Read(#[source] io::Error),
@@ -46,7 +46,7 @@ impl SendFileError {
     /// A short reason without the file name, for `delivery_result.error` and the log.
     pub fn reason(&self) -> String {
         match &self.failure {
-            SendFileFailure::Refused(r) => r.user_reason(),
+            SendFileFailure::Refused(r) => user_reason(r),
             SendFileFailure::Read(_) => "it could not be read".to_owned(),
             SendFileFailure::Upload(UploadError::TooLarge) => {
                 "the homeserver refused it as too large".to_owned()
@@ -82,7 +82,7 @@ impl SendFileError {
 /// carries its key (the event itself is encrypted by the SDK when sent).
 ///
 /// The caller adds the thread relation and sends it with a transaction id.
-#[tracing::instrument(skip_all, fields(path = %path, chat_id = %scope.chat_id))]
+#[tracing::instrument(skip_all, fields(path = %path, chat_id = %scope.chat()))]
 pub async fn prepare_file_message(
     client: &Client,
     ws: &Workspace,
@@ -97,7 +97,9 @@ pub async fn prepare_file_message(
         failure,
     };
     let api = MediaApi::from_client(client).map_err(|e| fail(UploadError::from(e).into()))?;
-    let encrypt = room_is_encrypted(client, &scope.room_id).await;
+    // The surface's scopes always name their room; without one there is no room to post to,
+    // like an invalid room id.
+    let encrypt = room_is_encrypted(client, scope.room_id().unwrap_or_default()).await;
     prepare_with(&api, ws, path, scope, caption, cache, limit, encrypt)
         .await
         .map_err(fail)
