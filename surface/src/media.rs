@@ -1,7 +1,8 @@
 //! Streaming media transfers between the homeserver and the workspace.
 //!
-//! matrix-sdk's media calls hold whole files in memory (several copies: see
-//! `MATRIX_SDK_NOTES.md`), so this module talks to the media endpoints directly with the SDK's
+//! matrix-sdk 0.18's media calls hold whole files in memory (`Media::get_media_content` returns a
+//! `Vec<u8>`; `upload` and `send_attachment` keep three to five copies; upstream issue
+//! matrix-org/matrix-rust-sdk#1735), so this module talks to the media endpoints directly with the SDK's
 //! own HTTP client and access token, in chunks: memory does not grow with file size. Raw
 //! requests skip the SDK's retry loop, so rate limits (429) and server errors (5xx) are retried
 //! here, with a bound.

@@ -5,6 +5,8 @@
 //! `SURFACE_KEY_WAIT`, the room is told who sent what when, the lane goes on, and the message is
 //! still answered if its key turns up later (within [`LATE_HORIZON`]).
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures_util::StreamExt;
@@ -24,6 +26,8 @@ use crate::send::{self, Outgoing};
 /// How often waiting events are tried again without news of a key (keys from the backup and
 /// missed key notifications are found this way).
 const RETRY_EVERY: Duration = Duration::from_secs(2);
+/// How long the notice about an unreadable message may hold its chat up.
+const NOTICE_WAIT: Duration = Duration::from_secs(30);
 /// How long a late message is still decrypted and answered once its key arrives.
 pub const LATE_HORIZON: Duration = Duration::from_secs(24 * 3600);
 
@@ -54,8 +58,9 @@ pub async fn run(ctx: Ctx) {
         Some(s) => s.boxed(),
         None => futures_util::stream::pending().boxed(),
     };
+    let giving_up = GivingUp::default();
     loop {
-        sweep(&ctx).await;
+        sweep(&ctx, &giving_up).await;
         tokio::select! {
             _ = ctx.shutdown.cancelled() => return,
             k = keys.next() => if k.is_none() {
@@ -67,7 +72,7 @@ pub async fn run(ctx: Ctx) {
 }
 
 /// One pass over every event still waiting for its key.
-async fn sweep(ctx: &Ctx) {
+async fn sweep(ctx: &Ctx, giving_up: &GivingUp) {
     let waiting = match ctx.journal.undecrypted() {
         Ok(w) => w,
         Err(e) => {
@@ -91,7 +96,7 @@ async fn sweep(ctx: &Ctx) {
                 let waited = Duration::from_millis(ingest::now_ms().saturating_sub(since));
                 match verdict(u.late, waited, ctx.config.key_wait) {
                     Verdict::KeepWaiting => {}
-                    Verdict::GiveUp => give_up(ctx, &room, ev, &mut pokes),
+                    Verdict::GiveUp => give_up(ctx, &room, ev, giving_up),
                     Verdict::Forget => {
                         warn!(room_id = %ev.room_id, event_id = %ev.event_id, "room key never arrived; message dropped after a day");
                         if let Err(e) = ctx.journal.mark_handled(&ev.event_id) {
@@ -146,15 +151,19 @@ async fn resolve(ctx: &Ctx, room: &Room, u: &Undecrypted, clear: &RawEvent, poke
     }
 }
 
-/// The wait is over: the lane goes on, and the room hears about the message it cannot read.
-fn give_up(ctx: &Ctx, room: &Room, ev: &NewEvent, pokes: &mut Pokes) {
-    match ctx.journal.mark_late(&ev.event_id) {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => {
-            error!(error = %e, "journal write failed; will try again");
-            return;
-        }
+/// Events whose give-up (the notice, then letting the lane go on) is under way.
+type GivingUp = Arc<Mutex<HashSet<String>>>;
+
+/// The wait is over: the room hears about the message it cannot read, then its lane goes on
+/// (so the notice comes before the answers to later messages; a homeserver in trouble holds
+/// the lane up for at most [`NOTICE_WAIT`]).
+fn give_up(ctx: &Ctx, room: &Room, ev: &NewEvent, giving_up: &GivingUp) {
+    if !giving_up
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ev.event_id.clone())
+    {
+        return;
     }
     let session_id = serde_json::from_str::<RawEvent>(ev.content.as_deref().unwrap_or("{}"))
         .ok()
@@ -168,26 +177,44 @@ fn give_up(ctx: &Ctx, room: &Room, ev: &NewEvent, pokes: &mut Pokes) {
         waited_s = ctx.config.key_wait.as_secs(),
         "room key did not arrive in time; telling the room and answering later messages"
     );
-    if let Some(chat) = &ev.chat_id {
-        pokes.entry(chat.clone()).or_insert_with(|| ChatRef {
-            chat_id: chat.clone(),
-            room_id: ev.room_id.clone(),
-            thread_root: ev.thread_root.clone(),
-        });
-    }
-    let (Ok(event_id), thread_root) = (
-        EventId::parse(&ev.event_id),
-        ev.thread_root
-            .as_deref()
-            .and_then(|r| EventId::parse(r).ok()),
-    ) else {
-        return;
-    };
     let text = notice_text(ev.sender_name.as_deref(), &ev.sender, ev.origin_ts);
-    let (ctx, room) = (ctx.clone(), room.clone());
-    // Posting waits out a homeserver in trouble; the other waiting events do not wait for it.
+    let (ctx, room, ev, giving_up) = (ctx.clone(), room.clone(), ev.clone(), giving_up.clone());
     ctx.tracker.clone().spawn(async move {
-        post_notice(&ctx, &room, event_id, thread_root, &text).await;
+        let thread_root = ev
+            .thread_root
+            .as_deref()
+            .and_then(|r| EventId::parse(r).ok());
+        if let Ok(event_id) = EventId::parse(&ev.event_id) {
+            let posted = tokio::time::timeout(
+                NOTICE_WAIT,
+                post_notice(&ctx, &room, event_id, thread_root, &text),
+            )
+            .await;
+            if posted.is_err() {
+                warn!(event_id = %ev.event_id, "the undecryptable-message notice is slow; the chat goes on");
+            }
+        }
+        match ctx.journal.mark_late(&ev.event_id) {
+            Ok(_) => {
+                let mut pokes = Pokes::new();
+                if let Some(chat) = &ev.chat_id {
+                    pokes.insert(
+                        chat.clone(),
+                        ChatRef {
+                            chat_id: chat.clone(),
+                            room_id: ev.room_id.clone(),
+                            thread_root: ev.thread_root.clone(),
+                        },
+                    );
+                }
+                ingest::wake(&ctx, pokes);
+            }
+            Err(e) => error!(error = %e, "journal write failed; will try again"),
+        }
+        giving_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ev.event_id);
     });
 }
 

@@ -12,6 +12,7 @@ mod first_sight;
 mod large;
 mod late_keys;
 mod latency;
+mod layers;
 mod offline;
 mod outages;
 mod recovery;

@@ -4,5 +4,4 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 mod agent_link;
-mod layers;
 mod run;

@@ -1,12 +1,13 @@
-//! The surface's module layering, checked on its source: each module imports only modules of
-//! earlier layers (or its own submodules), so there is no import cycle and the shared context is
-//! built from lower modules only. ARCHITECTURE.md lists the same layers.
+//! The module layering of the surface and the agent, checked on their source: each module
+//! imports only modules of earlier layers (or its own submodules), so neither crate has an import
+//! cycle (the surface's shared context and the agent's `AppState` are built from lower modules
+//! only). ARCHITECTURE.md lists the same layers. No homeserver needed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Bottom to top. A module may import from any earlier layer.
-const LAYERS: &[&[&str]] = &[
+/// The surface's modules, bottom to top. A module may import from any earlier layer.
+const SURFACE: &[&[&str]] = &[
     &[
         "config",
         "decide",
@@ -29,6 +30,19 @@ const LAYERS: &[&[&str]] = &[
     &["ingest", "outbound"],
     &["undecrypted"],
     &["sync"],
+];
+
+/// The agent's modules, bottom to top.
+const AGENT: &[&[&str]] = &[
+    &["config", "confine", "connection", "store"],
+    &["chat", "describe"],
+    &["link"],
+    &["tools"],
+    &["turn"],
+    &["brain"],
+    &["state"],
+    &["session"],
+    &["server"],
 ];
 
 /// `crate::<module>` names a file's code mentions (comments and doc links aside).
@@ -54,13 +68,25 @@ fn imports(text: &str) -> Vec<String> {
 }
 
 #[test]
-fn modules_import_only_lower_layers() {
-    let layer_of: BTreeMap<&str, usize> = LAYERS
+fn surface_modules_import_only_lower_layers() {
+    check("surface", SURFACE);
+}
+
+#[test]
+fn agent_modules_import_only_lower_layers() {
+    check("agent", AGENT);
+}
+
+fn check(krate: &str, layers: &[&[&str]]) {
+    let layer_of: BTreeMap<&str, usize> = layers
         .iter()
         .enumerate()
         .flat_map(|(i, l)| l.iter().map(move |m| (*m, i)))
         .collect();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("src");
     let mut problems = Vec::new();
     let mut seen = 0;
     for entry in walk(&src) {
@@ -94,7 +120,7 @@ fn modules_import_only_lower_layers() {
             }
         }
     }
-    assert!(seen > 20, "the source walk found the modules");
+    assert!(seen > 10, "the source walk found the modules of {krate}");
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
