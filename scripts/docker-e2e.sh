@@ -9,7 +9,8 @@
 #   * agent / surface runtime images  docker/prebuilt.Dockerfile over the host-built binaries
 #                                     (compose.local.yaml replaces the Rust builder stage)
 # then runs `compose -f compose.yaml -f compose.local.yaml up`, and checks as a person would:
-#   register happened; a user opens a DM with the bot; a file sent as m.file lands in the volume
+#   register happened; a user (a matrix-sdk client) opens an ENCRYPTED DM with the bot, and every
+#   message both ways is checked to be m.room.encrypted on the wire; a file sent as m.file lands in the volume
 #   with the exact bytes (sha256 inside the agent AND the surface container); the reply arrives;
 #   `note x.txt hello` makes the agent write into the volume and its file comes back to the room
 #   (downloaded, compared); both containers read and write each other's files (uid 10001);
@@ -94,8 +95,8 @@ say "engine $(docker version -f '{{.Server.Version}}'), compose: $("${COMPOSE[@]
 
 mkdir -p "$CACHE"
 ENV_FILE="$CACHE/$PROJECT.env"
-STATE="$CACHE/$PROJECT.state.json"
 WORK="$CACHE/$PROJECT.work"
+STATE="$WORK/user"   # the test user's matrix-sdk device (crypto store, session) and its DM
 CTX="$REPO/target/docker-prebuilt"
 rm -rf "$WORK"
 mkdir -p "$WORK" "$CTX/bin"
@@ -378,13 +379,18 @@ phase "compose up to healthy"
 # 5. The checks, as a person in a Matrix client would do them.
 export E2E_HOMESERVER="http://127.0.0.1:$SYNAPSE_PORT" E2E_USER=alice E2E_PASSWORD \
     E2E_BOT="@bot:localhost" E2E_TIMEOUT="${MXBRIDGE_E2E_TIMEOUT:-120}"
-chk() { python3 "$REPO/docker/e2e_check.py" --state "$STATE" "$@"; }
+# The user is a matrix-sdk client in an encrypted DM (e2e/src/bin/docker_check.rs, built by the
+# workspace build): the same client as the real-homeserver suite, and what Element users are.
+CHECK_BIN="$BIN_DIR/docker_check"
+[ -x "$CHECK_BIN" ] || CHECK_BIN="$CARGO_TARGET_DIR/debug/docker_check"
+[ -x "$CHECK_BIN" ] || die "no docker_check binary (cargo build --workspace --all-targets builds it)"
+chk() { "$CHECK_BIN" --state "$STATE" "$@"; }
 json_field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 PASSED=0
 ok() { PASSED=$((PASSED + 1)); say "ok: $*"; }
 
 chk setup
-ok "register step ran; alice opened a DM and the bot joined"
+ok "register step ran; alice (matrix-sdk, own device) opened an encrypted DM and the bot joined"
 
 # Cross-container permissions on the shared volume: the surface writes, the agent reads and
 # appends, the surface reads the result; both run as 10001:10001.

@@ -2,14 +2,17 @@
 //! its own device and crypto store, encrypted DMs, and a record of every message it sees after
 //! decryption.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use matrix_sdk::attachment::AttachmentConfig;
+use matrix_sdk::authentication::matrix::MatrixSession;
 use matrix_sdk::config::SyncSettings;
 use matrix_sdk::deserialized_responses::{EncryptionInfo, TimelineEventKind};
 use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
+use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::api::client::filter::FilterDefinition;
 use matrix_sdk::ruma::api::client::room::create_room::v3::{
     Request as CreateRoomRequest, RoomPreset,
@@ -25,6 +28,7 @@ use matrix_sdk::ruma::events::room::message::{
 };
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent, InitialStateEvent};
 use matrix_sdk::ruma::{EventEncryptionAlgorithm, EventId, RoomId, UInt, UserId};
+use matrix_sdk::store::RoomLoadSettings;
 use matrix_sdk::{Client, Room};
 use serde_json::Value;
 
@@ -182,7 +186,20 @@ pub struct E2eeUser {
     http: reqwest::Client,
     // Field order matters: the sync task stops before the store directory goes away.
     _sync: AbortOnDrop,
-    _store: tempfile::TempDir,
+    /// The temporary store folder, removed with the user (`None`: the caller keeps it).
+    _store: Option<tempfile::TempDir>,
+}
+
+/// A matrix-sdk client on `url` with its sqlite store at `store`.
+async fn build_client(url: &str, store: &Path) -> Result<Client> {
+    Client::builder()
+        .homeserver_url(url)
+        // Keep talking to `url` (a proxy, or a published port), whatever the login says.
+        .respect_login_well_known(false)
+        .sqlite_store(store, None)
+        .build()
+        .await
+        .context("build matrix-sdk client")
 }
 
 impl E2eeUser {
@@ -198,15 +215,7 @@ impl E2eeUser {
         let store = tempfile::Builder::new()
             .prefix("mxbridge-e2ee-")
             .tempdir()?;
-        let client = Client::builder()
-            .homeserver_url(url)
-            // Synapse's login answer names its public URL; a client behind the proxy must stay
-            // behind it.
-            .respect_login_well_known(false)
-            .sqlite_store(store.path(), None)
-            .build()
-            .await
-            .context("build matrix-sdk client")?;
+        let client = build_client(url, store.path()).await?;
         let login = client
             .matrix_auth()
             .login_username(&user.user_id, &user.password)
@@ -214,7 +223,59 @@ impl E2eeUser {
             .send()
             .await
             .with_context(|| format!("log {} in", user.user_id))?;
+        let (user_id, device_id) = (login.user_id.to_string(), login.device_id.to_string());
+        Self::start(hs, client, user_id, device_id, Some(store)).await
+    }
 
+    /// The same device across processes: its crypto store and session live in `dir`. The first
+    /// call logs `user_id` in with `password`; later calls restore that device.
+    pub async fn persistent(
+        hs: &Homeserver,
+        user_id: &str,
+        password: &str,
+        dir: &Path,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let client = build_client(&hs.url, &dir.join("store")).await?;
+        let session_file = dir.join("session.json");
+        let session: MatrixSession = match std::fs::read(&session_file) {
+            Ok(bytes) => {
+                let session: MatrixSession = serde_json::from_slice(&bytes)?;
+                client
+                    .matrix_auth()
+                    .restore_session(session.clone(), RoomLoadSettings::default())
+                    .await?;
+                session
+            }
+            Err(_) => {
+                let login = client
+                    .matrix_auth()
+                    .login_username(user_id, password)
+                    .initial_device_display_name("e2e test user")
+                    .send()
+                    .await
+                    .with_context(|| format!("log {user_id} in"))?;
+                let session = MatrixSession::from(&login);
+                std::fs::write(&session_file, serde_json::to_vec(&session)?)?;
+                session
+            }
+        };
+        let (user_id, device_id) = (
+            session.meta.user_id.to_string(),
+            session.meta.device_id.to_string(),
+        );
+        Self::start(hs, client, user_id, device_id, None).await
+    }
+
+    /// Registers the recorder, runs the first sync (which uploads the device keys) and starts
+    /// the background sync.
+    async fn start(
+        hs: &Homeserver,
+        client: Client,
+        user_id: String,
+        device_id: String,
+        store: Option<tempfile::TempDir>,
+    ) -> Result<Self> {
         let recorder = Arc::new(Mutex::new(Recorder::default()));
         let rec = recorder.clone();
         client.add_event_handler(
@@ -277,8 +338,8 @@ impl E2eeUser {
             }
         });
         Ok(Self {
-            user_id: login.user_id.to_string(),
-            device_id: login.device_id.to_string(),
+            user_id,
+            device_id,
             client,
             recorder,
             hs: hs.clone(),
@@ -517,6 +578,27 @@ impl E2eeUser {
             }
         }
         Ok(())
+    }
+
+    /// The last messages of `room` (up to 200) as the homeserver has them, decrypted where this
+    /// device has the keys, oldest first: what a client shows after a restart, also messages
+    /// that arrived while this process was not running.
+    pub async fn history(&self, room: &str) -> Result<Vec<Received>> {
+        let r = self.room(room)?;
+        let mut options = MessagesOptions::backward();
+        options.limit = UInt::from(200u32);
+        let page = r.messages(options).await.context("room history")?;
+        let mut out = Vec::new();
+        for ev in page.chunk.iter().rev() {
+            let was_encrypted = matches!(ev.kind, TimelineEventKind::Decrypted(_));
+            if let Ok(AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(m))) =
+                ev.raw().deserialize()
+                && let Some(original) = m.as_original()
+            {
+                out.push(Received::from_event(original, was_encrypted));
+            }
+        }
+        Ok(out)
     }
 
     /// Downloads media, decrypting it when the source is encrypted.
