@@ -56,8 +56,9 @@ pub enum WorkspacePathError {
     /// A backslash, which other systems treat as a separator.
     #[error("path contains a backslash")]
     Backslash,
-    /// NUL or another control character.
-    #[error("path contains a NUL or control character")]
+    /// NUL, another control character, or a text-direction mark (which makes `gnp.exe`
+    /// display as `exe.png`).
+    #[error("path contains a NUL, control or text-direction character")]
     ControlChar,
 }
 
@@ -126,7 +127,7 @@ fn validate(s: &str) -> Result<(), WorkspacePathError> {
     if s.contains('\\') {
         return Err(E::Backslash);
     }
-    if s.chars().any(char::is_control) {
+    if s.chars().any(|c| c.is_control() || is_direction_mark(c)) {
         return Err(E::ControlChar);
     }
     let mut depth = 0;
@@ -207,6 +208,11 @@ impl schemars::JsonSchema for WorkspacePath {
     }
 }
 
+/// Marks that change how text around them is displayed (bidi embeddings, overrides, isolates).
+fn is_direction_mark(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Component;
@@ -242,6 +248,8 @@ mod tests {
             ("a\0b", Err(E::ControlChar)),
             ("a\nb", Err(E::ControlChar)),
             ("a\u{7f}", Err(E::ControlChar)),
+            ("chats/c/\u{202e}gnp.exe", Err(E::ControlChar)),
+            ("a\u{2066}b", Err(E::ControlChar)),
             (&long_component, Err(E::ComponentTooLong)),
             (&long_path, Err(E::TooLong)),
             (&deep, Err(E::TooDeep)),

@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+mod decode;
+
 use std::collections::BTreeMap;
 
 use protocol::*;
