@@ -9,6 +9,7 @@ mod faults;
 mod files_in;
 mod files_out;
 mod first_sight;
+mod flood;
 mod large;
 mod late_keys;
 mod latency;

@@ -26,12 +26,17 @@ fn is_text(e: &Event) -> bool {
     e["content"]["msgtype"] == "m.text"
 }
 
-fn is_notice(e: &Event) -> bool {
+pub(crate) fn is_notice(e: &Event) -> bool {
     e["content"]["msgtype"] == "m.notice"
 }
 
 /// The room as the delivery checker reads it: `triggers` and every message of `bot`.
-async fn timeline(user: &User, room: &str, bot: &str, triggers: &[String]) -> RoomTimeline {
+pub(crate) async fn timeline(
+    user: &User,
+    room: &str,
+    bot: &str,
+    triggers: &[String],
+) -> RoomTimeline {
     let events = user.messages_from(room, bot).await.expect("room messages");
     RoomTimeline {
         triggers: triggers.to_vec(),
@@ -60,7 +65,7 @@ async fn replies_settled(
     check::check(&[timeline(user, room, bot, triggers).await])
 }
 
-fn assert_clean(report: &Report) {
+pub(crate) fn assert_clean(report: &Report) {
     assert!(
         report.is_clean() && report.stray.is_empty(),
         "every message gets exactly one text reply, in order: {} stray={}; {report:#?}",
