@@ -26,6 +26,10 @@ pub struct Config {
     pub tool_policy: BTreeMap<String, Policy>,
     /// Limits and timeouts.
     pub limits: Limits,
+    /// Commands that exist only for tests (`sendraw`, `sleep` in the builtin brain)
+    /// (`AGENT_TEST_HOOKS=1`, default off). Never enable it in a deployment: `sendraw` names a
+    /// path to the surface without checking it.
+    pub test_hooks: bool,
 }
 
 /// Which brain to use, with its settings.
@@ -143,6 +147,7 @@ impl fmt::Debug for Config {
             .field("brain", &self.brain)
             .field("tool_policy", &self.tool_policy)
             .field("limits", &self.limits)
+            .field("test_hooks", &self.test_hooks)
             .finish()
     }
 }
@@ -288,6 +293,12 @@ impl Config {
             ));
         }
 
+        let test_hooks = match get("AGENT_TEST_HOOKS").as_deref().map(str::trim) {
+            None | Some("0" | "false") => false,
+            Some("1" | "true") => true,
+            Some(_) => return Err(err("AGENT_TEST_HOOKS", "must be 1 or 0")),
+        };
+
         Ok(Self {
             bind,
             token: Secret::new(token),
@@ -296,6 +307,7 @@ impl Config {
             brain,
             tool_policy,
             limits,
+            test_hooks,
         })
     }
 
@@ -309,6 +321,7 @@ impl Config {
             brain: BrainConfig::Builtin,
             tool_policy: default_policies(),
             limits: Limits::default(),
+            test_hooks: false,
         }
     }
 }
@@ -369,6 +382,7 @@ mod tests {
     fn defaults() {
         let c = load(&[TOKEN]).unwrap();
         assert_eq!(c.bind.to_string(), "0.0.0.0:8700");
+        assert!(!c.test_hooks);
         assert_eq!(c.workspace_root, PathBuf::from("/workspace"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/agent"));
         assert!(matches!(c.brain, BrainConfig::Builtin));
@@ -419,6 +433,7 @@ mod tests {
                 &[TOKEN, ("AGENT_MAX_FILE_SIZE", "lots")],
                 "AGENT_MAX_FILE_SIZE:",
             ),
+            (&[TOKEN, ("AGENT_TEST_HOOKS", "yes")], "AGENT_TEST_HOOKS:"),
         ];
         for (vars, expected) in cases {
             let e = load(vars).unwrap_err().to_string();
@@ -438,12 +453,14 @@ mod tests {
             ("AGENT_PING_INTERVAL", "5s"),
             ("AGENT_IDLE_TIMEOUT", "15s"),
             ("AGENT_MAX_FILE_SIZE", "1MiB"),
+            ("AGENT_TEST_HOOKS", "1"),
         ])
         .unwrap();
         assert_eq!(c.tool_policy["write_file"], Policy::Ask);
         assert_eq!(c.tool_policy["send_file"], Policy::Deny);
         assert_eq!(c.limits.ping_interval, Duration::from_secs(5));
         assert_eq!(c.limits.max_file_size, 1024 * 1024);
+        assert!(c.test_hooks);
         let BrainConfig::OpenAi(o) = &c.brain else {
             panic!("openai")
         };
