@@ -199,7 +199,7 @@ impl Config {
         let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
 
         let bind = get("AGENT_BIND")
-            .unwrap_or_else(|| "0.0.0.0:8700".into())
+            .unwrap_or_else(|| "127.0.0.1:8700".into())
             .parse()
             .map_err(|e| err("AGENT_BIND", format!("not a socket address: {e}")))?;
 
@@ -381,7 +381,7 @@ mod tests {
     #[test]
     fn defaults() {
         let c = load(&[TOKEN]).unwrap();
-        assert_eq!(c.bind.to_string(), "0.0.0.0:8700");
+        assert_eq!(c.bind.to_string(), "127.0.0.1:8700");
         assert!(!c.test_hooks);
         assert_eq!(c.workspace_root, PathBuf::from("/workspace"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/agent"));
