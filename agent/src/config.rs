@@ -69,6 +69,18 @@ pub struct Limits {
     pub ask_timeout: Duration,
     /// Largest file a tool opens (`AGENT_MAX_FILE_SIZE`, default 100MiB).
     pub max_file_size: u64,
+    /// A new connection must send its request head and, for the WebSocket route, complete the
+    /// upgrade within this, or it is closed (`AGENT_HEAD_TIMEOUT`, default 5s). Upgraded
+    /// sessions are not affected.
+    pub head_timeout: Duration,
+    /// Most connections that have not upgraded yet, from all peers together
+    /// (`AGENT_MAX_PENDING`, default 128). Beyond it a newcomer displaces the oldest such
+    /// connection of the peer holding the most, if that is more than its own; otherwise it is
+    /// closed as soon as it is accepted.
+    pub max_pending: usize,
+    /// Most connections that have not upgraded yet from one peer IP address
+    /// (`AGENT_MAX_PENDING_PER_IP`, default 16).
+    pub max_pending_per_ip: usize,
 }
 
 impl Default for Limits {
@@ -80,6 +92,9 @@ impl Default for Limits {
             approval_timeout: Duration::from_secs(300),
             ask_timeout: Duration::from_secs(600),
             max_file_size: 100 * 1024 * 1024,
+            head_timeout: Duration::from_secs(5),
+            max_pending: 128,
+            max_pending_per_ip: 16,
         }
     }
 }
@@ -266,6 +281,16 @@ impl Config {
                 }
             }
         };
+        let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<usize>() {
+                    Ok(0) => Err(err(var, "must be greater than zero")),
+                    Ok(n) => Ok(n),
+                    Err(e) => Err(err(var, format!("not a whole number: {e}"))),
+                },
+            }
+        };
         let limits = Limits {
             handshake_timeout: duration("AGENT_HANDSHAKE_TIMEOUT", defaults.handshake_timeout)?,
             ping_interval: duration("AGENT_PING_INTERVAL", defaults.ping_interval)?,
@@ -285,6 +310,9 @@ impl Config {
                     })?
                     .as_u64(),
             },
+            head_timeout: duration("AGENT_HEAD_TIMEOUT", defaults.head_timeout)?,
+            max_pending: count("AGENT_MAX_PENDING", defaults.max_pending)?,
+            max_pending_per_ip: count("AGENT_MAX_PENDING_PER_IP", defaults.max_pending_per_ip)?,
         };
         if limits.idle_timeout <= limits.ping_interval {
             return Err(err(
@@ -383,6 +411,9 @@ mod tests {
         let c = load(&[TOKEN]).unwrap();
         assert_eq!(c.bind.to_string(), "127.0.0.1:8700");
         assert!(!c.test_hooks);
+        assert_eq!(c.limits.head_timeout, Duration::from_secs(5));
+        assert_eq!(c.limits.max_pending, 128);
+        assert_eq!(c.limits.max_pending_per_ip, 16);
         assert_eq!(c.workspace_root, PathBuf::from("/workspace"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/agent"));
         assert!(matches!(c.brain, BrainConfig::Builtin));
@@ -433,6 +464,18 @@ mod tests {
                 &[TOKEN, ("AGENT_MAX_FILE_SIZE", "lots")],
                 "AGENT_MAX_FILE_SIZE:",
             ),
+            (
+                &[TOKEN, ("AGENT_HEAD_TIMEOUT", "0s")],
+                "AGENT_HEAD_TIMEOUT: must be greater than zero",
+            ),
+            (
+                &[TOKEN, ("AGENT_MAX_PENDING", "0")],
+                "AGENT_MAX_PENDING: must be greater than zero",
+            ),
+            (
+                &[TOKEN, ("AGENT_MAX_PENDING_PER_IP", "many")],
+                "AGENT_MAX_PENDING_PER_IP: not a whole number",
+            ),
             (&[TOKEN, ("AGENT_TEST_HOOKS", "yes")], "AGENT_TEST_HOOKS:"),
         ];
         for (vars, expected) in cases {
@@ -453,6 +496,8 @@ mod tests {
             ("AGENT_PING_INTERVAL", "5s"),
             ("AGENT_IDLE_TIMEOUT", "15s"),
             ("AGENT_MAX_FILE_SIZE", "1MiB"),
+            ("AGENT_HEAD_TIMEOUT", "2s"),
+            ("AGENT_MAX_PENDING_PER_IP", "4"),
             ("AGENT_TEST_HOOKS", "1"),
         ])
         .unwrap();
@@ -460,6 +505,8 @@ mod tests {
         assert_eq!(c.tool_policy["send_file"], Policy::Deny);
         assert_eq!(c.limits.ping_interval, Duration::from_secs(5));
         assert_eq!(c.limits.max_file_size, 1024 * 1024);
+        assert_eq!(c.limits.head_timeout, Duration::from_secs(2));
+        assert_eq!(c.limits.max_pending_per_ip, 4);
         assert!(c.test_hooks);
         let BrainConfig::OpenAi(o) = &c.brain else {
             panic!("openai")
