@@ -10,7 +10,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use protocol::ChatId;
 
-use crate::config::BrainConfig;
+use crate::config::{BrainConfig, Config};
 use crate::connection::Closed;
 use crate::store::TurnRecord;
 use crate::turn::TurnIo;
@@ -64,9 +64,9 @@ pub trait Brain: Send + Sync + std::fmt::Debug {
 }
 
 /// The brain selected by the configuration.
-pub fn from_config(config: &BrainConfig) -> Arc<dyn Brain> {
-    match config {
-        BrainConfig::Builtin => Arc::new(builtin::Builtin),
+pub fn from_config(config: &Config) -> Arc<dyn Brain> {
+    match &config.brain {
+        BrainConfig::Builtin => Arc::new(builtin::Builtin::new(config.test_hooks)),
         BrainConfig::OpenAi(c) => Arc::new(openai::OpenAi::new(c.clone())),
     }
 }

@@ -26,6 +26,10 @@ pub struct Config {
     pub tool_policy: BTreeMap<String, Policy>,
     /// Limits and timeouts.
     pub limits: Limits,
+    /// Commands that exist only for tests (`sendraw`, `sleep` in the builtin brain)
+    /// (`AGENT_TEST_HOOKS=1`, default off). Never enable it in a deployment: `sendraw` names a
+    /// path to the surface without checking it.
+    pub test_hooks: bool,
 }
 
 /// Which brain to use, with its settings.
@@ -65,6 +69,18 @@ pub struct Limits {
     pub ask_timeout: Duration,
     /// Largest file a tool opens (`AGENT_MAX_FILE_SIZE`, default 100MiB).
     pub max_file_size: u64,
+    /// A new connection must send its request head and, for the WebSocket route, complete the
+    /// upgrade within this, or it is closed (`AGENT_HEAD_TIMEOUT`, default 5s). Upgraded
+    /// sessions are not affected.
+    pub head_timeout: Duration,
+    /// Most connections that have not upgraded yet, from all peers together
+    /// (`AGENT_MAX_PENDING`, default 128). Beyond it a newcomer displaces the oldest such
+    /// connection of the peer holding the most, if that is more than its own; otherwise it is
+    /// closed as soon as it is accepted.
+    pub max_pending: usize,
+    /// Most connections that have not upgraded yet from one peer IP address
+    /// (`AGENT_MAX_PENDING_PER_IP`, default 16).
+    pub max_pending_per_ip: usize,
 }
 
 impl Default for Limits {
@@ -76,6 +92,9 @@ impl Default for Limits {
             approval_timeout: Duration::from_secs(300),
             ask_timeout: Duration::from_secs(600),
             max_file_size: 100 * 1024 * 1024,
+            head_timeout: Duration::from_secs(5),
+            max_pending: 128,
+            max_pending_per_ip: 16,
         }
     }
 }
@@ -143,6 +162,7 @@ impl fmt::Debug for Config {
             .field("brain", &self.brain)
             .field("tool_policy", &self.tool_policy)
             .field("limits", &self.limits)
+            .field("test_hooks", &self.test_hooks)
             .finish()
     }
 }
@@ -194,7 +214,7 @@ impl Config {
         let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
 
         let bind = get("AGENT_BIND")
-            .unwrap_or_else(|| "0.0.0.0:8700".into())
+            .unwrap_or_else(|| "127.0.0.1:8700".into())
             .parse()
             .map_err(|e| err("AGENT_BIND", format!("not a socket address: {e}")))?;
 
@@ -261,6 +281,16 @@ impl Config {
                 }
             }
         };
+        let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<usize>() {
+                    Ok(0) => Err(err(var, "must be greater than zero")),
+                    Ok(n) => Ok(n),
+                    Err(e) => Err(err(var, format!("not a whole number: {e}"))),
+                },
+            }
+        };
         let limits = Limits {
             handshake_timeout: duration("AGENT_HANDSHAKE_TIMEOUT", defaults.handshake_timeout)?,
             ping_interval: duration("AGENT_PING_INTERVAL", defaults.ping_interval)?,
@@ -280,6 +310,9 @@ impl Config {
                     })?
                     .as_u64(),
             },
+            head_timeout: duration("AGENT_HEAD_TIMEOUT", defaults.head_timeout)?,
+            max_pending: count("AGENT_MAX_PENDING", defaults.max_pending)?,
+            max_pending_per_ip: count("AGENT_MAX_PENDING_PER_IP", defaults.max_pending_per_ip)?,
         };
         if limits.idle_timeout <= limits.ping_interval {
             return Err(err(
@@ -287,6 +320,12 @@ impl Config {
                 "must be longer than AGENT_PING_INTERVAL",
             ));
         }
+
+        let test_hooks = match get("AGENT_TEST_HOOKS").as_deref().map(str::trim) {
+            None | Some("0" | "false") => false,
+            Some("1" | "true") => true,
+            Some(_) => return Err(err("AGENT_TEST_HOOKS", "must be 1 or 0")),
+        };
 
         Ok(Self {
             bind,
@@ -296,6 +335,7 @@ impl Config {
             brain,
             tool_policy,
             limits,
+            test_hooks,
         })
     }
 
@@ -309,6 +349,7 @@ impl Config {
             brain: BrainConfig::Builtin,
             tool_policy: default_policies(),
             limits: Limits::default(),
+            test_hooks: false,
         }
     }
 }
@@ -368,7 +409,11 @@ mod tests {
     #[test]
     fn defaults() {
         let c = load(&[TOKEN]).unwrap();
-        assert_eq!(c.bind.to_string(), "0.0.0.0:8700");
+        assert_eq!(c.bind.to_string(), "127.0.0.1:8700");
+        assert!(!c.test_hooks);
+        assert_eq!(c.limits.head_timeout, Duration::from_secs(5));
+        assert_eq!(c.limits.max_pending, 128);
+        assert_eq!(c.limits.max_pending_per_ip, 16);
         assert_eq!(c.workspace_root, PathBuf::from("/workspace"));
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/agent"));
         assert!(matches!(c.brain, BrainConfig::Builtin));
@@ -419,6 +464,19 @@ mod tests {
                 &[TOKEN, ("AGENT_MAX_FILE_SIZE", "lots")],
                 "AGENT_MAX_FILE_SIZE:",
             ),
+            (
+                &[TOKEN, ("AGENT_HEAD_TIMEOUT", "0s")],
+                "AGENT_HEAD_TIMEOUT: must be greater than zero",
+            ),
+            (
+                &[TOKEN, ("AGENT_MAX_PENDING", "0")],
+                "AGENT_MAX_PENDING: must be greater than zero",
+            ),
+            (
+                &[TOKEN, ("AGENT_MAX_PENDING_PER_IP", "many")],
+                "AGENT_MAX_PENDING_PER_IP: not a whole number",
+            ),
+            (&[TOKEN, ("AGENT_TEST_HOOKS", "yes")], "AGENT_TEST_HOOKS:"),
         ];
         for (vars, expected) in cases {
             let e = load(vars).unwrap_err().to_string();
@@ -438,12 +496,18 @@ mod tests {
             ("AGENT_PING_INTERVAL", "5s"),
             ("AGENT_IDLE_TIMEOUT", "15s"),
             ("AGENT_MAX_FILE_SIZE", "1MiB"),
+            ("AGENT_HEAD_TIMEOUT", "2s"),
+            ("AGENT_MAX_PENDING_PER_IP", "4"),
+            ("AGENT_TEST_HOOKS", "1"),
         ])
         .unwrap();
         assert_eq!(c.tool_policy["write_file"], Policy::Ask);
         assert_eq!(c.tool_policy["send_file"], Policy::Deny);
         assert_eq!(c.limits.ping_interval, Duration::from_secs(5));
         assert_eq!(c.limits.max_file_size, 1024 * 1024);
+        assert_eq!(c.limits.head_timeout, Duration::from_secs(2));
+        assert_eq!(c.limits.max_pending_per_ip, 4);
+        assert!(c.test_hooks);
         let BrainConfig::OpenAi(o) = &c.brain else {
             panic!("openai")
         };

@@ -2,7 +2,8 @@
 //! a brain whose tools are confined to the chat's part of the shared workspace.
 //!
 //! Module map, top to bottom; a module imports only modules listed below it:
-//! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown.
+//! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown; until a
+//!   connection upgrades it has a deadline and a place at the gate (caps per peer and overall).
 //! * [`session`]: one connection: handshake, acknowledging turns, replies, the turn worker.
 //! * [`state`]: [`AppState`], what every connection shares, built once at start.
 //! * [`brain`]: the `Brain` trait, the builtin command interpreter and the OpenAI client.

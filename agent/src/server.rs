@@ -1,6 +1,11 @@
 //! The HTTP side: routes, authentication before the WebSocket upgrade, and the server's life
-//! cycle (`run` until the shutdown token fires, then close every connection).
+//! cycle (`run` until the shutdown token fires, then close every connection). Until a
+//! connection has upgraded it is a stranger's: it gets a deadline for its request head and the
+//! upgrade, and a place at the [`gate`], which caps how many such connections there are.
 
+mod gate;
+
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
@@ -10,13 +15,18 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use protocol::{ChatId, MAX_MESSAGE_BYTES};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, instrument, warn};
+
+use self::gate::{Gate, Pending};
 
 use crate::config::Config;
 use crate::session;
@@ -24,6 +34,13 @@ use crate::state::{AppState, StateError};
 
 /// How long shutdown waits for connections and turns to wind down.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// After its deadline, how long a connection that has not upgraded may finish a response
+/// already under way before it is dropped.
+const LATE_RESPONSE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long accepting pauses after an error such as running out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The agent could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +68,46 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let tracker = TaskTracker::new();
+    let limits = config.limits.clone();
     let state = AppState::new(config, shutdown.clone(), tracker.clone())?;
+    let gate = Gate::new(limits.max_pending, limits.max_pending_per_ip);
+    let router = app(state);
     info!(addr = %listener.local_addr()?, "listening");
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await?;
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, or a connection that died in the backlog: neither stops
+                // the server; pausing lets closing connections give descriptors back.
+                warn!(error = %e, "accept failed");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                }
+            }
+        };
+        let pending = match gate.admit(peer.ip()) {
+            Ok(pending) => pending,
+            Err(refused) => {
+                // Dropping the stream closes it at once. Not a warning: an attacker would
+                // decide how much the log grows.
+                debug!(peer = %peer, reason = %refused, "closed a connection at once");
+                continue;
+            }
+        };
+        tracker.spawn(serve_connection(
+            stream,
+            peer,
+            pending,
+            router.clone(),
+            limits.head_timeout,
+            shutdown.clone(),
+        ));
+    }
     info!("shutting down: closing connections");
     tracker.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
@@ -66,6 +118,54 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Serves one connection until it upgrades, closes, or misses `head_timeout`. The upgraded
+/// WebSocket lives on in its own task (see [`agent_ws`]); `pending` is freed here either way.
+#[instrument(skip_all, fields(peer = %peer))]
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    pending: Pending,
+    router: Router,
+    head_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
+        .with_upgrades();
+    let mut conn = std::pin::pin!(conn);
+    // One deadline for everything before the upgrade: hyper's header timer alone does not
+    // start until the first byte arrives, and does not cover a slow body or keep-alive.
+    tokio::select! {
+        done = conn.as_mut() => {
+            if let Err(e) = done {
+                debug!(error = %e, "connection ended with an error");
+            }
+            return;
+        }
+        () = tokio::time::sleep(head_timeout) => {
+            debug!("closing a connection that did not upgrade in time");
+        }
+        () = pending.evicted() => {
+            debug!("closed a connection that had not upgraded: a newer one took its place");
+            return;
+        }
+        () = shutdown.cancelled() => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    if tokio::time::timeout(LATE_RESPONSE_GRACE, conn)
+        .await
+        .is_err()
+    {
+        debug!("dropped a connection that did not close");
+    }
+    drop(pending);
 }
 
 async fn agent_ws(

@@ -62,7 +62,7 @@ impl AppState {
             })?;
         let store = Store::open(&config.state_dir)?;
         let registry = Arc::new(Registry::new(config.tool_policy.clone()));
-        let brain = brain::from_config(&config.brain);
+        let brain = brain::from_config(&config);
         Ok(Self {
             config: Arc::new(config),
             workspace,

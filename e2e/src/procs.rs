@@ -207,6 +207,7 @@ impl Stack {
         let mut agent_env = base(&[
             ("AGENT_BIND", format!("127.0.0.1:{agent_port}")),
             ("AGENT_TOKEN", token.clone()),
+            ("AGENT_TEST_HOOKS", "1".into()),
             (
                 "AGENT_STATE_DIR",
                 dir.path().join("agent-state").display().to_string(),

@@ -1,5 +1,7 @@
 //! The builtin brain: offline and deterministic. It describes attachments and understands the
-//! small command language the end-to-end tests rely on (see `Command`).
+//! small command language the end-to-end tests rely on (see `Command`). Two commands are test
+//! hooks that exist only with `AGENT_TEST_HOOKS=1` and are never listed by `help`: `sendraw`
+//! (names a path to the surface without checking it) and `sleep` (holds a turn open).
 
 use std::time::Duration;
 
@@ -13,7 +15,17 @@ use crate::turn::TurnIo;
 
 /// The offline brain.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Builtin;
+pub struct Builtin {
+    /// Whether the test hooks (`sendraw`, `sleep`) are commands or ordinary text.
+    test_hooks: bool,
+}
+
+impl Builtin {
+    /// The builtin brain; `test_hooks` comes from `AGENT_TEST_HOOKS`.
+    pub fn new(test_hooks: bool) -> Self {
+        Self { test_hooks }
+    }
+}
 
 /// Longest `sleep`.
 const MAX_SLEEP_MS: u64 = 60_000;
@@ -22,12 +34,10 @@ const HELP: &str = "I understand these commands:\n\
 - `help`: this list\n\
 - `files`: list this chat's files with sizes\n\
 - `send <path>`: send a file back (a bare name is looked up in this chat's files)\n\
-- `sendraw <path>`: send a path without checking it (for testing)\n\
 - `note <filename> <text>`: write <text> to a file in this chat's folder and send it\n\
 - `ask <question>`: ask you a question and echo your answer\n\
 - `approve <anything>`: try an action that needs your approval\n\
 - `history`: how many earlier turns and attachments this chat has\n\
-- `sleep <ms>`: wait that long before answering (at most 60000)\n\
 Attach files and I describe them: name, MIME type, size, sha256, image size, first lines.";
 
 /// A parsed command (decided before anything is done).
@@ -39,7 +49,7 @@ pub enum Command<'a> {
     Files,
     /// `send <path>`
     Send(&'a str),
-    /// `sendraw <path>`
+    /// `sendraw <path>` (test hook)
     SendRaw(&'a str),
     /// `note <filename> <text>`
     Note(&'a str, &'a str),
@@ -49,7 +59,7 @@ pub enum Command<'a> {
     Approve(&'a str),
     /// `history`
     History,
-    /// `sleep <ms>`
+    /// `sleep <ms>` (test hook)
     Sleep(u64),
     /// Anything else (the whole text, mention removed).
     Other(&'a str),
@@ -81,8 +91,8 @@ pub fn strip_mention(text: &str) -> &str {
     text
 }
 
-/// Parses the user's text into a command.
-pub fn parse(text: &str) -> Command<'_> {
+/// Parses the user's text into a command; without `test_hooks` the test hooks are plain text.
+pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
     let text = strip_mention(text);
     let (word, rest) = match text.split_once(char::is_whitespace) {
         Some((w, r)) => (w, r.trim()),
@@ -92,7 +102,7 @@ pub fn parse(text: &str) -> Command<'_> {
         "help" => Command::Help,
         "files" => Command::Files,
         "send" if !rest.is_empty() => Command::Send(rest),
-        "sendraw" if !rest.is_empty() => Command::SendRaw(rest),
+        "sendraw" if test_hooks && !rest.is_empty() => Command::SendRaw(rest),
         "note" if !rest.is_empty() => match rest.split_once(char::is_whitespace) {
             Some((name, body)) => Command::Note(name, body.trim_start()),
             None => Command::Note(rest, ""),
@@ -104,7 +114,7 @@ pub fn parse(text: &str) -> Command<'_> {
             rest
         }),
         "history" => Command::History,
-        "sleep" => match rest.parse::<u64>() {
+        "sleep" if test_hooks => match rest.parse::<u64>() {
             Ok(ms) => Command::Sleep(ms.min(MAX_SLEEP_MS)),
             Err(_) => Command::Other(text),
         },
@@ -118,11 +128,11 @@ impl Brain for Builtin {
         input: &'a TurnInput,
         io: &'a mut TurnIo,
     ) -> BoxFuture<'a, Result<(), BrainError>> {
-        Box::pin(run(input, io))
+        Box::pin(run(input, io, self.test_hooks))
     }
 }
 
-async fn run(input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
+async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(), BrainError> {
     let turn = &input.turn;
     let attachments: Vec<&WorkspacePath> = turn.all_attachments().collect();
     for path in &attachments {
@@ -138,7 +148,7 @@ async fn run(input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
         io.say(format!("{block}\n")).await?;
     }
 
-    let reply = match parse(&turn.text) {
+    let reply = match parse(&turn.text, test_hooks) {
         Command::Help => HELP.to_owned(),
         Command::Files => {
             let out = io.call_tool("list_files", "{}").await;
@@ -296,7 +306,23 @@ mod tests {
             ("hello there", Command::Other("hello there")),
         ];
         for (input, expected) in cases {
-            assert_eq!(parse(input), expected, "{input:?}");
+            assert_eq!(parse(input, true), expected, "{input:?}");
         }
+    }
+
+    #[test]
+    fn test_hooks_are_plain_text_unless_enabled() {
+        let cases = [
+            (
+                "sendraw chats/x/a.txt",
+                Command::Other("sendraw chats/x/a.txt"),
+            ),
+            ("bot: sleep 250", Command::Other("sleep 250")),
+            ("help", Command::Help),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(parse(input, false), expected, "{input:?}");
+        }
+        assert!(!HELP.contains("sendraw") && !HELP.contains("sleep"));
     }
 }

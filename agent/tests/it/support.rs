@@ -61,6 +61,8 @@ impl TestAgent {
             self.workspace.path().to_owned(),
             self.state.path().to_owned(),
         );
+        // The suite drives turns with the builtin brain's test hooks (`sleep`, `sendraw`).
+        config.test_hooks = true;
         tweak(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         self.addr = listener.local_addr().unwrap();
