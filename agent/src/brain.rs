@@ -12,7 +12,7 @@ use protocol::ChatId;
 
 use crate::config::{BrainConfig, Config};
 use crate::connection::Closed;
-use crate::store::TurnRecord;
+use crate::store::{History, TurnRecord};
 use crate::turn::TurnIo;
 
 /// What a brain gets for one turn.
@@ -22,8 +22,8 @@ pub struct TurnInput {
     pub chat_id: ChatId,
     /// The turn to answer.
     pub turn: TurnRecord,
-    /// Earlier turns of the chat, oldest first (with their attachments and answers).
-    pub history: Vec<TurnRecord>,
+    /// The chat's earlier turns: how many, and the last few in full.
+    pub history: History,
 }
 
 /// Why a turn could not be answered.

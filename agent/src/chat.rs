@@ -1,4 +1,4 @@
-//! Chats: one [`Chat`] per chat id with its durable record, its turn lane (one turn at a time)
+//! Chats: one [`Chat`] per chat id with its durable history, its turn lane (one turn at a time)
 //! and its current connection; [`Chats`] loads them lazily from the store. A user message is
 //! admitted here (decided and stored under one lock) before anything acknowledges it.
 
@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use self::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, Refusal, decide};
-use crate::store::{ChatRecord, Store, StoreError, TurnRecord, TurnStatus};
+use crate::store::{ChatLog, History, Store, StoreError, TurnEnd, TurnRecord, TurnStatus};
 
 /// All chats this process has seen, loaded lazily from the store.
 #[derive(Debug)]
@@ -30,18 +30,17 @@ impl Chats {
         }
     }
 
-    /// The chat `id`, loading its record on first use.
+    /// The chat `id`, loading its log on first use.
     pub fn chat(&self, id: &ChatId) -> Result<Arc<Chat>, StoreError> {
         let mut chats = self.chats.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(chat) = chats.get(id) {
             return Ok(chat.clone());
         }
-        let mut record = self.store.load(id)?;
-        record.last_seq = admission::plausible_last_seq(record.turns.iter().map(|t| t.seq));
+        let log = self.store.load(id)?;
+        let last_seq = admission::plausible_last_seq(log.seqs());
         let chat = Arc::new(Chat {
             id: id.clone(),
-            store: self.store.clone(),
-            record: tokio::sync::Mutex::new(record),
+            state: tokio::sync::Mutex::new(State { log, last_seq }),
             lane: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),
         });
@@ -50,13 +49,21 @@ impl Chats {
     }
 }
 
-/// One chat: its durable record, its lane (one turn at a time) and its current connection.
+/// A chat's stored history and what admission derives from it.
+#[derive(Debug)]
+struct State {
+    log: ChatLog,
+    /// Highest plausible stored `seq` (0 while there are no turns). Messages are identified
+    /// by id, so a new id with a lower `seq` is stored too and leaves this unchanged.
+    last_seq: u64,
+}
+
+/// One chat: its durable history, its lane (one turn at a time) and its current connection.
 #[derive(Debug)]
 pub struct Chat {
     /// The chat id.
     pub id: ChatId,
-    store: Store,
-    record: tokio::sync::Mutex<ChatRecord>,
+    state: tokio::sync::Mutex<State>,
     /// Held while a turn runs, so turns of one chat never overlap, even across connections.
     pub(crate) lane: tokio::sync::Mutex<()>,
     /// The connection serving this chat: its id and the token that closes it.
@@ -64,16 +71,6 @@ pub struct Chat {
 }
 
 impl Chat {
-    /// Applies `change` to a copy of the record, stores it durably, then keeps it.
-    async fn update<T>(&self, change: impl FnOnce(&mut ChatRecord) -> T) -> Result<T, StoreError> {
-        let mut record = self.record.lock().await;
-        let mut next = record.clone();
-        let out = change(&mut next);
-        self.store.save(&next).await?;
-        *record = next;
-        Ok(out)
-    }
-
     /// Makes connection `conn` the chat's connection, closing the previous one.
     pub(crate) fn attach(&self, conn: u64, cancel: CancellationToken) {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
@@ -102,76 +99,61 @@ impl Chat {
 
     /// Highest stored `seq` (0 before the first turn); the handshake reports it.
     pub async fn last_seq(&self) -> u64 {
-        self.record.lock().await.last_seq
+        self.state.lock().await.last_seq
     }
 
     /// Stores a user message durably if [`decide`] admits it as new; a duplicate or a refused
-    /// message leaves the record untouched. Decision and store happen under one lock, so two
+    /// message leaves the history untouched. Decision and store happen under one lock, so two
     /// connections racing with the same message cannot both store it.
     pub async fn admit(&self, msg: &UserMessage) -> Result<Admission, StoreError> {
-        let mut record = self.record.lock().await;
-        let admission = decide(record.turn(&msg.id).is_some(), msg.seq, record.last_seq);
+        let mut state = self.state.lock().await;
+        let stored = state.log.contains(&msg.id).await?;
+        let admission = decide(stored, msg.seq, state.last_seq);
         if admission != Admission::New {
             return Ok(admission);
         }
         // `checked_add`: a record from an older agent may hold `last_seq == u64::MAX`.
-        if record.last_seq.checked_add(1) != Some(msg.seq) {
+        if state.last_seq.checked_add(1) != Some(msg.seq) {
             // Admitted all the same: the id is what identifies a message.
             warn!(
                 seq = msg.seq,
-                last_seq = record.last_seq,
+                last_seq = state.last_seq,
                 "sequence number out of line (a gap, or reused)"
             );
         }
-        let mut next = record.clone();
-        next.last_seq = next.last_seq.max(msg.seq);
-        next.room_id.get_or_insert_with(|| msg.room_id.clone());
-        if next.thread_root.is_none() {
-            next.thread_root = msg.thread_root.clone();
-        }
-        next.turns.push(TurnRecord::from_message(msg));
-        self.store.save(&next).await?;
-        *record = next;
+        state.log.append_turn(msg).await?;
+        state.last_seq = state.last_seq.max(msg.seq);
         Ok(Admission::New)
     }
 
     /// Ids of stored turns that have not finished, in order.
     pub async fn pending_turns(&self) -> Vec<String> {
-        let record = self.record.lock().await;
-        record
-            .turns
-            .iter()
-            .filter(|t| t.status == TurnStatus::Pending)
-            .map(|t| t.id.clone())
-            .collect()
+        self.state.lock().await.log.pending()
     }
 
-    /// The pending turn `id` with the turns before it and the chat's room; `None` if it is
+    /// The pending turn `id` with what came before it and the chat's room; `None` if it is
     /// not pending (already run).
     pub(crate) async fn begin(
         &self,
         id: &str,
-    ) -> Option<(TurnRecord, Vec<TurnRecord>, Option<String>)> {
-        let record = self.record.lock().await;
-        let pos = record.turns.iter().position(|t| t.id == id)?;
-        let turn = &record.turns[pos];
-        if turn.status != TurnStatus::Pending {
-            return None;
-        }
-        Some((
-            turn.clone(),
-            record.turns[..pos].to_vec(),
-            record.room_id.clone(),
-        ))
+    ) -> Result<Option<(TurnRecord, History, Option<String>)>, StoreError> {
+        let state = self.state.lock().await;
+        let room_id = state.log.room_id().map(str::to_owned);
+        Ok(state
+            .log
+            .begin(id)
+            .await?
+            .map(|(turn, history)| (turn, history, room_id)))
     }
 
     /// The stored turn `id` if it has finished (its answer can be replayed).
-    pub(crate) async fn finished(&self, id: &str) -> Option<TurnRecord> {
-        let record = self.record.lock().await;
-        record
+    pub(crate) async fn finished(&self, id: &str) -> Result<Option<TurnRecord>, StoreError> {
+        let state = self.state.lock().await;
+        Ok(state
+            .log
             .turn(id)
-            .filter(|t| t.status != TurnStatus::Pending)
-            .cloned()
+            .await?
+            .filter(|t| t.status != TurnStatus::Pending))
     }
 
     /// Records how a turn ended.
@@ -183,27 +165,23 @@ impl Chat {
         sent_files: Vec<WorkspacePath>,
         error: Option<String>,
     ) -> Result<(), StoreError> {
-        self.update(|r| {
-            if let Some(t) = r.turn_mut(id) {
-                t.status = status;
-                t.output = output;
-                t.sent_files = sent_files;
-                t.error = error;
-            }
-        })
-        .await
+        let end = TurnEnd {
+            id: id.to_owned(),
+            status,
+            output,
+            sent_files,
+            error,
+        };
+        self.state.lock().await.log.finish(end).await
     }
 
     /// Whether the user allowed `(tool, resource)` for good in this chat.
     pub async fn is_always_allowed(&self, key: &(String, String)) -> bool {
-        self.record.lock().await.always_allowed.contains(key)
+        self.state.lock().await.log.is_always_allowed(key)
     }
 
     /// Remembers durably that the user allowed `(tool, resource)` for good.
     pub async fn allow_always(&self, key: (String, String)) -> Result<(), StoreError> {
-        self.update(|r| {
-            r.always_allowed.insert(key);
-        })
-        .await
+        self.state.lock().await.log.allow_always(key).await
     }
 }

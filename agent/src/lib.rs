@@ -10,14 +10,15 @@
 //! * [`turn`]: what a running turn may do ([`turn::TurnIo`]).
 //! * [`tools`]: the typed tool registry applying the policies; the tools themselves.
 //! * [`link`]: the way from a turn to the surface and back: emit, ask, wait for approvals.
-//! * [`chat`]: one chat's durable record, its turn lane and current connection; admission by
+//! * [`chat`]: one chat's durable history, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).
 //! * [`describe`]: MIME sniffing, hashes, image sizes and previews of files.
 //! * [`config`]: the typed configuration from environment variables (secrets redacted), tool
 //!   policies included.
 //! * [`confine`]: opening files beneath the workspace handle; what a chat may touch.
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
-//! * [`store`]: one JSON record per chat, replaced atomically.
+//! * [`store`]: one append-only log per chat (a JSON line per change, fsynced), indexed in
+//!   memory; older single-record chats converted on load.
 
 pub mod brain;
 pub mod chat;

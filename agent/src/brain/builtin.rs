@@ -256,15 +256,11 @@ async fn send(io: &mut TurnIo, path: &str) -> String {
 }
 
 fn history(input: &TurnInput) -> String {
-    let turns = input.history.len();
-    let attachments: usize = input
-        .history
-        .iter()
-        .map(|t| t.all_attachments().count())
-        .sum();
+    let turns = input.history.earlier;
+    let attachments = input.history.attachments;
     let mut out =
         format!("This chat has {turns} earlier turn(s) with {attachments} attachment(s).");
-    for t in input.history.iter().rev().take(5).rev() {
+    for t in input.history.recent.iter().rev().take(5).rev() {
         let text: String = t.text.chars().take(80).collect();
         out.push_str(&format!("\n- #{} {}: {text}", t.seq, t.sender.user_id));
         for a in t.all_attachments() {

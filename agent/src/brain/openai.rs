@@ -20,6 +20,7 @@ use crate::turn::TurnIo;
 const MAX_ROUNDS: usize = 8;
 /// Earlier turns sent along as conversation history.
 const MAX_HISTORY_TURNS: usize = 20;
+const _: () = assert!(MAX_HISTORY_TURNS <= crate::store::RECENT_TURNS);
 /// A stream silent for this long is abandoned.
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -247,8 +248,8 @@ impl OpenAi {
             own = io.scope().own_dir()
         );
         let mut messages = vec![json!({ "role": "system", "content": system })];
-        let skip = input.history.len().saturating_sub(MAX_HISTORY_TURNS);
-        for turn in &input.history[skip..] {
+        let recent = &input.history.recent;
+        for turn in &recent[recent.len().saturating_sub(MAX_HISTORY_TURNS)..] {
             messages.push(json!({ "role": "user", "content": user_content(turn) }));
             if !turn.output.is_empty() {
                 messages.push(json!({ "role": "assistant", "content": turn.output }));

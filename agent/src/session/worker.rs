@@ -95,9 +95,17 @@ async fn run_turn(
     conn_cancel: &CancellationToken,
     running: &Running,
 ) {
-    let Some((turn, history, room_id)) = chat.begin(id).await else {
-        replay(chat, link, id).await;
-        return;
+    let (turn, history, room_id) = match chat.begin(id).await {
+        Ok(Some(begun)) => begun,
+        Ok(None) => {
+            replay(chat, link, id).await;
+            return;
+        }
+        Err(e) => {
+            // Stays pending: it runs on the next connection.
+            error!(error = %e, "cannot read the turn from the chat's history");
+            return;
+        }
     };
     info!(
         seq = turn.seq,
@@ -175,8 +183,13 @@ const REPLAY_CHUNK: usize = 16 * 1024;
 /// idempotent per turn and output index, so a repeated answer is not posted twice.
 /// Files the turn sent are not sent again.
 async fn replay(chat: &Chat, link: &Link, id: &str) {
-    let Some(turn) = chat.finished(id).await else {
-        return;
+    let turn = match chat.finished(id).await {
+        Ok(Some(turn)) => turn,
+        Ok(None) => return,
+        Err(e) => {
+            error!(error = %e, "cannot read the finished turn to replay it");
+            return;
+        }
     };
     info!(status = ?turn.status, "replaying the stored answer of a finished turn");
     let mut rest = turn.output.as_str();

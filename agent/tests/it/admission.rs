@@ -19,14 +19,20 @@ async fn refused(c: &mut Client, msg: protocol::UserMessage) -> String {
     }
 }
 
+/// The chat's stored turns (the `turn` lines of its log), in stored order.
+fn stored_turns(agent: &TestAgent) -> Vec<serde_json::Value> {
+    let path = agent.state.path().join(format!("chats/{}.jsonl", chat()));
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["type"] == "turn")
+        .collect()
+}
+
 /// The ids of the chat's stored turns, in stored order.
 fn stored_ids(agent: &TestAgent) -> Vec<String> {
-    let path = agent.state.path().join(format!("chats/{}.json", chat()));
-    let record: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    record["turns"]
-        .as_array()
-        .unwrap()
+    stored_turns(agent)
         .iter()
         .map(|t| t["id"].as_str().unwrap().to_owned())
         .collect()
@@ -84,13 +90,26 @@ async fn a_chat_poisoned_by_an_older_agent_runs_new_messages_again() {
         c.turn(message(1, "$m1", "hello agent")).await;
     }
     agent.stop().await;
-    // What an agent that admitted by seq left behind after a turn with seq u64::MAX.
-    let path = agent.state.path().join(format!("chats/{}.json", chat()));
-    let mut record: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    record["last_seq"] = u64::MAX.into();
-    record["turns"][0]["seq"] = u64::MAX.into();
-    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    // What an agent that admitted by seq left behind after a turn with seq u64::MAX, in the
+    // single-record format of those agents.
+    let mut turn = stored_turns(&agent).remove(0);
+    turn.as_object_mut().unwrap().remove("type");
+    turn["seq"] = u64::MAX.into();
+    turn["status"] = "completed".into();
+    let record = serde_json::json!({
+        "version": 1,
+        "chat_id": chat().to_string(),
+        "room_id": ROOM,
+        "last_seq": u64::MAX,
+        "turns": [turn],
+    });
+    let chats = agent.state.path().join("chats");
+    std::fs::remove_file(chats.join(format!("{}.jsonl", chat()))).unwrap();
+    std::fs::write(
+        chats.join(format!("{}.json", chat())),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .unwrap();
 
     agent.restart().await;
     let (mut c, welcome) = agent.connect(&chat()).await;

@@ -32,12 +32,17 @@ async fn history_survives_restart() {
     );
     assert!(text.contains(file.as_str()), "{text}");
 
-    // The record on disk is plain JSON with every turn.
-    let record =
-        std::fs::read_to_string(agent.state.path().join(format!("chats/{}.json", chat()))).unwrap();
-    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
-    assert_eq!(record["turns"].as_array().unwrap().len(), 3);
-    assert_eq!(record["turns"][1]["attachments"][0], file.as_str());
+    // The history on disk is plain JSON lines, one per turn and one per end of a turn.
+    let log = std::fs::read_to_string(agent.state.path().join(format!("chats/{}.jsonl", chat())))
+        .unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let turns: Vec<_> = lines.iter().filter(|l| l["type"] == "turn").collect();
+    assert_eq!(turns.len(), 3);
+    assert_eq!(turns[1]["attachments"][0], file.as_str());
+    assert_eq!(lines.iter().filter(|l| l["type"] == "end").count(), 3);
 }
 
 #[tokio::test]
