@@ -300,18 +300,34 @@ impl Stack {
         out
     }
 
-    /// The turn the agent stored for Matrix event `event_id` (from its durable chat records
-    /// under `AGENT_STATE_DIR/chats/`): what the agent really received.
+    /// The turn the agent stored for Matrix event `event_id` (from its append-only chat logs
+    /// under `AGENT_STATE_DIR/chats/`, the latest `end` line merged in): what the agent really
+    /// received, and how the turn stands.
     pub fn agent_turn(&self, event_id: &str) -> Option<serde_json::Value> {
         let dir = self._dir.path().join("agent-state").join("chats");
         std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-            let record: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
-            record["turns"]
-                .as_array()?
-                .iter()
-                .find(|t| t["id"] == event_id)
-                .cloned()
+            let log = std::fs::read_to_string(e.path()).ok()?;
+            let mut turn: Option<serde_json::Value> = None;
+            for line in log.lines() {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                if v["id"] != event_id {
+                    continue;
+                }
+                match (v["type"].as_str(), turn.as_mut()) {
+                    (Some("turn"), _) => turn = Some(v),
+                    (Some("end"), Some(t)) => {
+                        if let (Some(t), Some(end)) = (t.as_object_mut(), v.as_object()) {
+                            for (k, val) in end.iter().filter(|(k, _)| *k != "type") {
+                                t.insert(k.clone(), val.clone());
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            turn
         })
     }
 
