@@ -315,6 +315,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_full_endpoint_closes_the_oldest_connection() {
+        let limits = Limits {
+            max_connections: 3,
+            max_per_ip: 2,
+            ..Limits::default()
+        };
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut slots = Slots::default();
+        let (_, a0) = slots.admit(a, &limits);
+        let (_, b0) = slots.admit(b, &limits);
+        let (_, a1) = slots.admit(a, &limits);
+        assert!(![&a0, &b0, &a1].iter().any(|t| t.is_cancelled()));
+        // A third from `a` closes `a`'s oldest, not `b`'s.
+        let (_, a2) = slots.admit(a, &limits);
+        assert!(a0.is_cancelled() && !b0.is_cancelled());
+        // A newcomer at the overall cap closes the oldest of all.
+        let (_, c0) = slots.admit("10.0.0.3".parse().unwrap(), &limits);
+        assert!(b0.is_cancelled());
+        assert!(![&a1, &a2, &c0].iter().any(|t| t.is_cancelled()));
+        assert_eq!(slots.open.len(), 3);
+    }
+
+    #[test]
     fn status_progression() {
         let h = Health::default();
         assert_eq!(h.report().status, "starting");

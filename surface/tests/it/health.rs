@@ -25,10 +25,10 @@ async fn start(limits: Limits) -> (std::net::SocketAddr, CancellationToken) {
     (addr, shutdown)
 }
 
-/// A well-behaved probe: one request, the whole response.
+/// A well-behaved probe, the request of the images' healthcheck: one request, the whole response.
 async fn probe(addr: std::net::SocketAddr) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: surface\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut out = Vec::new();
@@ -62,7 +62,8 @@ async fn silent_and_unfinished_connections_are_closed() {
         .unwrap();
     closed_by_server(&mut silent).await;
     closed_by_server(&mut half).await;
-    assert!(probe(addr).await.starts_with("HTTP/1.1 503"));
+    let answer = probe(addr).await;
+    assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
     shutdown.cancel();
 }
 
@@ -78,7 +79,7 @@ async fn probe_is_answered_during_a_flood_of_idle_sockets() {
     let answer = tokio::time::timeout(PATIENCE, probe(addr))
         .await
         .expect("the probe got an answer");
-    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.0 503"), "{answer}");
     assert!(answer.contains(r#""status":"starting""#), "{answer}");
     // The first idle socket was closed to make room.
     closed_by_server(&mut idle[0]).await;
