@@ -6,14 +6,23 @@ use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+// The surface's credential filter, the same file: the agent sees the bearer token in every
+// upgrade request and sends the API key to the model server.
+#[path = "../../surface/src/logging/redact.rs"]
+mod redact;
+
+/// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
+const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_ansi(std::io::stdout().is_terminal())
+    tracing_subscriber::registry()
+        .with(redact::Redact::new(OWN_CRATES))
+        .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal()))
         .init();
     if let Err(e) = serve().await {
         // One line naming the bad setting; no backtrace noise.

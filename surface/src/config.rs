@@ -48,7 +48,8 @@ pub struct Config {
     pub max_file_size: u64,
     /// `SURFACE_SHOW_TOOL_CALLS`: post compact notices for tool calls.
     pub show_tool_calls: bool,
-    /// `SURFACE_HEALTH_BIND`: address of the `/healthz` endpoint.
+    /// `SURFACE_HEALTH_BIND`: address of the `/healthz` endpoint. Loopback unless set: a
+    /// container sets `0.0.0.0:8701` so its network's healthcheck can reach it.
     pub health_bind: SocketAddr,
     /// `SURFACE_INBOX_RETENTION`: age after which inbox files are removed (`None`: forever).
     pub inbox_retention: Option<Duration>,
@@ -196,7 +197,7 @@ impl Config {
         };
 
         let health_bind = get("SURFACE_HEALTH_BIND")
-            .unwrap_or_else(|| "0.0.0.0:8701".into())
+            .unwrap_or_else(|| "127.0.0.1:8701".into())
             .parse::<SocketAddr>()
             .map_err(|e| invalid("SURFACE_HEALTH_BIND", format!("expected host:port ({e})")))?;
 
@@ -314,7 +315,7 @@ mod tests {
         assert_eq!(c.allowed_users, vec!["@*:example.org".to_owned()]);
         assert_eq!(c.max_file_size, 100 * 1024 * 1024);
         assert!(!c.show_tool_calls);
-        assert_eq!(c.health_bind, "0.0.0.0:8701".parse().unwrap());
+        assert_eq!(c.health_bind, "127.0.0.1:8701".parse().unwrap());
         assert_eq!(c.inbox_retention, None);
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
         assert_eq!(c.key_wait, DEFAULT_KEY_WAIT);

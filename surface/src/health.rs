@@ -1,16 +1,31 @@
 //! Readiness as seen from outside: `GET /healthz` answers 200 `{"status":"ok","parked_sends":0}` once the bot
 //! is syncing and the agent proved it sees the same workspace, 503 with the reason otherwise.
+//!
+//! The endpoint is served by its own accept loop rather than `axum::serve`, because a probe
+//! must keep answering while someone holds sockets open against it: every connection has a
+//! deadline for its request head (hyper's `header_read_timeout`, which also closes a
+//! keep-alive connection that sits idle between requests) and a total lifetime, and the
+//! number of connections is capped overall and per peer IP. At a cap the *oldest* connection
+//! is closed to make room, never the new one: a probe finishes in milliseconds, so the oldest
+//! connections are the silent ones, and refusing newcomers instead would let 300 idle sockets
+//! from the same host (where the compose healthcheck also comes from) lock the probe out
+//! until their deadlines ran out.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// What the last agent handshake showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,20 +160,183 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Serves `/healthz` on `listener` until `shutdown`.
+/// Limits on the connections of the health endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Time a client has to send a complete request head, from the moment the connection is
+    /// accepted (or the previous response was written, on a keep-alive connection).
+    pub header_read_timeout: Duration,
+    /// Longest life of one connection, whatever it does.
+    pub max_lifetime: Duration,
+    /// Connections open at once; at the cap the oldest one is closed.
+    pub max_connections: usize,
+    /// Connections open at once from one peer IP; at the cap that peer's oldest one is closed.
+    pub max_per_ip: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(5),
+            max_lifetime: Duration::from_secs(30),
+            max_connections: 64,
+            max_per_ip: 16,
+        }
+    }
+}
+
+/// How long shutdown lets an in-flight response finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The open connections, oldest first (ids only grow).
+#[derive(Debug, Default)]
+struct Slots {
+    next_id: u64,
+    open: BTreeMap<u64, (IpAddr, CancellationToken)>,
+}
+
+impl Slots {
+    /// Registers a connection from `ip`, first closing the oldest connections that would put
+    /// it over either cap.
+    fn admit(&mut self, ip: IpAddr, limits: &Limits) -> (u64, CancellationToken) {
+        let from_ip = self.open.values().filter(|(i, _)| *i == ip).count();
+        if from_ip >= limits.max_per_ip.max(1) {
+            let oldest = self
+                .open
+                .iter()
+                .find(|(_, (i, _))| *i == ip)
+                .map(|(id, _)| *id);
+            self.evict(oldest);
+        }
+        if self.open.len() >= limits.max_connections.max(1) {
+            let oldest = self.open.keys().next().copied();
+            self.evict(oldest);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let token = CancellationToken::new();
+        self.open.insert(id, (ip, token.clone()));
+        (id, token)
+    }
+
+    fn evict(&mut self, id: Option<u64>) {
+        if let Some((ip, token)) = id.and_then(|id| self.open.remove(&id)) {
+            tracing::debug!(peer_ip = %ip, "health endpoint full: closing the oldest connection");
+            token.cancel();
+        }
+    }
+}
+
+/// Serves `/healthz` on `listener` until `shutdown`, with the default [`Limits`].
 pub async fn serve(
     listener: TcpListener,
     health: Arc<Health>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(health))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    serve_with(listener, health, Limits::default(), shutdown).await
+}
+
+/// Serves `/healthz` on `listener` until `shutdown`, within `limits`.
+pub async fn serve_with(
+    listener: TcpListener,
+    health: Arc<Health>,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let router = app(health);
+    let slots = Arc::new(Mutex::new(Slots::default()));
+    let tracker = TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "health endpoint cannot accept");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let (id, evicted) = lock(&slots).admit(peer.ip(), &limits);
+        let router = router.clone();
+        let slots = slots.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            serve_connection(stream, router, &limits, evicted, shutdown).await;
+            lock(&slots).open.remove(&id);
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+fn lock(slots: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
+    slots.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drives one HTTP/1 connection until it ends, its deadline passes, it is evicted, or
+/// shutdown (which lets an in-flight response finish briefly).
+async fn serve_connection(
+    stream: TcpStream,
+    router: Router,
+    limits: &Limits,
+    evicted: CancellationToken,
+    shutdown: CancellationToken,
+) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "health connection ended");
+            }
+        }
+        () = evicted.cancelled() => {}
+        () = tokio::time::sleep(limits.max_lifetime) => {
+            tracing::debug!("health connection reached its lifetime");
+        }
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_endpoint_closes_the_oldest_connection() {
+        let limits = Limits {
+            max_connections: 3,
+            max_per_ip: 2,
+            ..Limits::default()
+        };
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut slots = Slots::default();
+        let (_, a0) = slots.admit(a, &limits);
+        let (_, b0) = slots.admit(b, &limits);
+        let (_, a1) = slots.admit(a, &limits);
+        assert!(![&a0, &b0, &a1].iter().any(|t| t.is_cancelled()));
+        // A third from `a` closes `a`'s oldest, not `b`'s.
+        let (_, a2) = slots.admit(a, &limits);
+        assert!(a0.is_cancelled() && !b0.is_cancelled());
+        // A newcomer at the overall cap closes the oldest of all.
+        let (_, c0) = slots.admit("10.0.0.3".parse().unwrap(), &limits);
+        assert!(b0.is_cancelled());
+        assert!(![&a1, &a2, &c0].iter().any(|t| t.is_cancelled()));
+        assert_eq!(slots.open.len(), 3);
+    }
 
     #[test]
     fn status_progression() {

@@ -2,7 +2,10 @@
 //! off a terminal, and matrix-sdk's ERROR line for every 404 dropped: the SDK logs each failed
 //! request before its caller decides that "not found" is an expected answer (account data
 //! never written, an event the homeserver does not hand out), so operators read breakage
-//! where there is none. Other failures keep their ERROR line.
+//! where there is none. Other failures keep their ERROR line. Library events that carry a
+//! credential are dropped at every level ([`redact`]).
+
+pub mod redact;
 
 use std::io::IsTerminal;
 
@@ -16,11 +19,20 @@ use tracing_subscriber::util::SubscriberInitExt;
 const DEFAULT_FILTER: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
                               matrix_sdk_crypto::backups=error";
 
+/// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
+const OWN_CRATES: &[&str] = &["surface", "confine", "protocol"];
+
+/// The credential filter the surface runs, whatever `RUST_LOG` says.
+pub fn redaction() -> redact::Redact {
+    redact::Redact::new(OWN_CRATES)
+}
+
 /// Installs the global subscriber.
 pub fn init() {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     tracing_subscriber::registry()
+        .with(redaction())
         .with(QuietNotFound)
         .with(filter)
         .with(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal()))

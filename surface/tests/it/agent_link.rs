@@ -317,3 +317,55 @@ async fn workspace_mismatch_is_refused_and_reported() {
     assert!(err.to_string().contains("401"), "{err}");
     agent.await.unwrap();
 }
+
+/// Collects everything the subscriber writes.
+#[derive(Clone, Default)]
+struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_token_never_reaches_the_log_at_trace() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    // tungstenite logs through the `log` crate; bridge it like the binary's `init` does. Its
+    // records go to this thread's subscriber (the test runtime has one thread).
+    let _ = tracing_log::LogTracer::init();
+    let out = Capture::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(surface::logging::redaction())
+        .with(tracing_subscriber::EnvFilter::new("trace"))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        );
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ep = endpoint(listener.local_addr().unwrap(), Arc::new(Health::default()));
+    let chat = ChatId::for_conversation("!r:hs", None);
+    let agent = tokio::spawn(async move {
+        let mut ws = accept(&listener).await;
+        let _ = recv(&mut ws).await;
+        send(&mut ws, welcome(0, true, AGENT_NONCE)).await;
+        ws
+    });
+    let (conn, _) = agent_link::handshake(&ep, &chat).await.unwrap();
+    let _ws = agent.await.unwrap();
+    drop(conn);
+
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    // The capture saw the libraries' TRACE lines, so the absence below means something.
+    assert!(text.contains("tungstenite::handshake"), "{text}");
+    assert!(!text.contains(TOKEN), "{text}");
+}

@@ -4,4 +4,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 mod agent_link;
+mod health;
 mod run;

@@ -1,0 +1,154 @@
+//! Keeps credentials out of the log at every level, whatever `RUST_LOG` says: library events
+//! that carry one are dropped before any filter or formatter sees them.
+//!
+//! At TRACE, tungstenite logs the whole WebSocket upgrade request, `Authorization: Bearer …`
+//! included, and other HTTP libraries may print headers, URLs with `access_token=` or request
+//! bodies in the same way. We cannot rewrite those lines (a `Layer` may only drop an event), and
+//! we cannot know every library's format, so any event from outside our own crates whose field
+//! names or values mention a credential is dropped. Because this is a layer decision and not a
+//! level, no `RUST_LOG` brings those events back. Our own crates are exempt: they hold secrets
+//! in `protocol::Secret`, whose `Debug` is `[redacted]`, and a config dump that merely names an
+//! `access_token` field must not vanish.
+//!
+//! This file depends on `tracing` and `tracing-subscriber` only: the agent binary includes it
+//! with `#[path]`, so both binaries run the same rule without a shared logging crate.
+
+use std::fmt::Write as _;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+
+/// Lower-case fragments that mark a credential in a field name or value.
+const MARKERS: &[&str] = &[
+    "authorization",
+    "bearer ",
+    "access_token",
+    "access-token",
+    "api_key",
+    "api-key",
+    "password",
+];
+
+/// Drops every event from outside `own` crates that mentions a credential.
+#[derive(Debug, Clone, Copy)]
+pub struct Redact {
+    own: &'static [&'static str],
+}
+
+impl Redact {
+    /// Exempts events whose target is one of the `own` crates (or a module in one).
+    pub const fn new(own: &'static [&'static str]) -> Self {
+        Self { own }
+    }
+
+    fn is_own(&self, target: &str) -> bool {
+        self.own.iter().any(|c| {
+            target
+                .strip_prefix(c)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+        })
+    }
+}
+
+impl<S: Subscriber> Layer<S> for Redact {
+    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        // Events bridged from the `log` crate have the target "log" here (the real one is a
+        // field), so they are never mistaken for our own.
+        if self.is_own(event.metadata().target()) {
+            return true;
+        }
+        let mut scan = Scan::default();
+        event.record(&mut scan);
+        !scan.found
+    }
+}
+
+/// Whether `text` mentions a credential (pure).
+pub fn mentions_credential(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    MARKERS.iter().any(|m| lower.contains(m))
+}
+
+#[derive(Default)]
+struct Scan {
+    found: bool,
+    buf: String,
+}
+
+impl Visit for Scan {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.found |= mentions_credential(field.name()) || mentions_credential(value);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if self.found {
+            return;
+        }
+        self.buf.clear();
+        let _ = write!(self.buf, "{value:?}");
+        self.found = mentions_credential(field.name()) || mentions_credential(&self.buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn library_credentials_never_reach_the_output_even_at_trace() {
+        let out = Capture::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(Redact::new(&["own_crate"]))
+            // What an operator might set: everything.
+            .with(EnvFilter::new("trace"))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone()),
+            );
+        tracing::subscriber::with_default(subscriber, || {
+            let request =
+                "GET /chat HTTP/1.1\r\nhost: agent\r\nauthorization: Bearer secret123\r\n\r\n";
+            tracing::trace!(target: "tungstenite::handshake::client", "Request: {request:?}");
+            tracing::trace!(target: "hyper::proto::h1", headers = ?[("Authorization", "Basic secret123")], "encode");
+            tracing::debug!(target: "reqwest::connect", authorization = "secret123");
+            tracing::trace!(target: "matrix_sdk::http_client", uri = "https://hs/_matrix?access_token=secret123");
+            tracing::error!(target: "matrix_sdk::client", "login failed: Password {{ password: \"secret123\" }}");
+            tracing::trace!(target: "tungstenite::handshake::client", "Client handshake initiated.");
+            tracing::info!(target: "own_crate::config", config = "Token { access_token: [redacted] }", "starting");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("secret123"), "{text}");
+        assert!(text.contains("Client handshake initiated."), "{text}");
+        assert!(text.contains("starting"), "own events are kept: {text}");
+    }
+
+    #[test]
+    fn markers_are_case_insensitive() {
+        assert!(mentions_credential("AUTHORIZATION: x"));
+        assert!(mentions_credential("bearer abc"));
+        assert!(mentions_credential("X-Api-Key: k"));
+        assert!(!mentions_credential("Client handshake done."));
+        assert!(!mentions_credential("unauthorized"));
+    }
+}
