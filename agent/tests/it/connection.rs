@@ -24,6 +24,24 @@ async fn refuses_before_upgrade_without_valid_token_or_with_origin() {
         refused_status(&url, None, Some("https://evil.example")).await,
         401
     );
+    // Tokens of another length: a prefix, the token plus one byte, empty.
+    let longer = format!("{TOKEN}x");
+    for token in [&TOKEN[..TOKEN.len() - 1], longer.as_str(), ""] {
+        assert_eq!(
+            refused_status(&url, Some(token), None).await,
+            401,
+            "{token:?}"
+        );
+    }
+    // A token in the query string is not a credential (it would end up in access logs).
+    for query in ["access_token", "token"] {
+        let with_query = format!("{url}?{query}={TOKEN}");
+        assert_eq!(
+            refused_status(&with_query, None, None).await,
+            401,
+            "{query}"
+        );
+    }
     assert_eq!(
         refused_status(&agent.url(".hidden"), Some(TOKEN), None).await,
         400
