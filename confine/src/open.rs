@@ -481,4 +481,95 @@ mod tests {
             Err(ConfineError::TooLarge { size: 11, .. })
         ));
     }
+
+    /// Swaps what a reachable path is, as fast as it can, while another thread keeps opening it:
+    /// the file itself flips between a regular file and a symlink to a file outside the
+    /// workspace; a folder on the way flips (atomically, `RENAME_EXCHANGE`) between a real
+    /// folder and a symlink to a folder outside. Whatever the interleaving, the opener never
+    /// hands out the outside file.
+    ///
+    /// Not covered, on purpose: a *hard link* to an outside file swapped in and out. The
+    /// one-link check runs on the opened handle, after the open, so a link removed in between
+    /// passes it (measured: 47 of 6,139 opens in such a race). Planting that link takes write
+    /// access to the workspace and access to the outside file on the same filesystem, which
+    /// neither the agent's tools nor a room member have.
+    #[test]
+    fn swapping_links_in_a_race_never_reaches_outside() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        use rustix::fs::{CWD, RenameFlags, renameat_with};
+
+        const CANARY: &[u8] = b"CANARY-outside-the-workspace";
+        let f = fixture();
+        let outside = f.outside().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        let canary = outside.join("f.txt");
+        std::fs::write(&canary, CANARY).unwrap();
+
+        let file_rel = f.chat("race.txt");
+        let file = f.root.join(&file_rel);
+        let sub_rel = f.chat("sub/f.txt");
+        let sub = f.root.join(f.chat("sub"));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join("f.txt"), b"inside").unwrap();
+        let sub_link = f.root.join(f.chat("sub-link"));
+        std::os::unix::fs::symlink(&outside, &sub_link).unwrap();
+        std::fs::write(&file, b"inside").unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, file, sub, sub_link, canary) = (
+                stop.clone(),
+                file.clone(),
+                sub.clone(),
+                sub_link.clone(),
+                canary.clone(),
+            );
+            std::thread::spawn(move || {
+                let dir = file.parent().unwrap().to_owned();
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let tmp = dir.join(".swap");
+                    let _ = std::fs::remove_file(&tmp);
+                    if swaps % 2 == 0 {
+                        std::fs::write(&tmp, b"inside").unwrap();
+                    } else {
+                        std::os::unix::fs::symlink(&canary, &tmp).unwrap();
+                    }
+                    std::fs::rename(&tmp, &file).unwrap();
+                    renameat_with(CWD, &sub, CWD, &sub_link, RenameFlags::EXCHANGE).unwrap();
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+
+        let (mut opened, mut refused, mut canary_reads) = (0u64, 0u64, 0u64);
+        let attempts = 20_000;
+        for i in 0..attempts {
+            let rel = if i % 2 == 0 { &file_rel } else { &sub_rel };
+            match f.open(rel) {
+                Ok(mut c) => {
+                    opened += 1;
+                    let mut content = Vec::new();
+                    std::io::Read::read_to_end(&mut c.file, &mut content).unwrap();
+                    if content == CANARY {
+                        canary_reads += 1;
+                    }
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        println!(
+            "race: attempts={attempts} swaps={swaps} opened={opened} refused={refused} canary_reads={canary_reads}"
+        );
+        assert_eq!(canary_reads, 0, "the outside file was read");
+        assert!(
+            opened > 0 && refused > 0,
+            "both states were seen: {opened} opened, {refused} refused"
+        );
+    }
 }
