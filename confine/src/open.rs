@@ -532,7 +532,7 @@ mod tests {
                 while !stop.load(Ordering::Relaxed) {
                     let tmp = dir.join(".swap");
                     let _ = std::fs::remove_file(&tmp);
-                    if swaps % 2 == 0 {
+                    if swaps.is_multiple_of(2) {
                         std::fs::write(&tmp, b"inside").unwrap();
                     } else {
                         std::os::unix::fs::symlink(&canary, &tmp).unwrap();
