@@ -94,38 +94,24 @@ impl Received {
             was_encrypted,
         };
         let size = |s: Option<UInt>| s.map(u64::from);
+        // The four media kinds have the same fields in different ruma types.
+        macro_rules! media {
+            ($c:expr) => {{
+                me.formatted = html(&$c.formatted);
+                me.source = Some($c.source.clone());
+                me.filename = $c.filename.clone();
+                me.mimetype = $c.info.as_ref().and_then(|i| i.mimetype.clone());
+                me.size = size($c.info.as_ref().and_then(|i| i.size));
+            }};
+        }
         match &ev.content.msgtype {
             MessageType::Text(c) => me.formatted = html(&c.formatted),
             MessageType::Notice(c) => me.formatted = html(&c.formatted),
             MessageType::Emote(c) => me.formatted = html(&c.formatted),
-            MessageType::Image(c) => {
-                me.formatted = html(&c.formatted);
-                me.source = Some(c.source.clone());
-                me.filename = c.filename.clone();
-                me.mimetype = c.info.as_ref().and_then(|i| i.mimetype.clone());
-                me.size = size(c.info.as_ref().and_then(|i| i.size));
-            }
-            MessageType::File(c) => {
-                me.formatted = html(&c.formatted);
-                me.source = Some(c.source.clone());
-                me.filename = c.filename.clone();
-                me.mimetype = c.info.as_ref().and_then(|i| i.mimetype.clone());
-                me.size = size(c.info.as_ref().and_then(|i| i.size));
-            }
-            MessageType::Audio(c) => {
-                me.formatted = html(&c.formatted);
-                me.source = Some(c.source.clone());
-                me.filename = c.filename.clone();
-                me.mimetype = c.info.as_ref().and_then(|i| i.mimetype.clone());
-                me.size = size(c.info.as_ref().and_then(|i| i.size));
-            }
-            MessageType::Video(c) => {
-                me.formatted = html(&c.formatted);
-                me.source = Some(c.source.clone());
-                me.filename = c.filename.clone();
-                me.mimetype = c.info.as_ref().and_then(|i| i.mimetype.clone());
-                me.size = size(c.info.as_ref().and_then(|i| i.size));
-            }
+            MessageType::Image(c) => media!(c),
+            MessageType::File(c) => media!(c),
+            MessageType::Audio(c) => media!(c),
+            MessageType::Video(c) => media!(c),
             _ => {}
         }
         me
@@ -203,6 +189,13 @@ async fn build_client(url: &str, store: &Path) -> Result<Client> {
 }
 
 impl E2eeUser {
+    /// Registers a new account on `hs` (its localpart `prefix` plus a unique suffix) and logs
+    /// it in with a new device.
+    pub async fn register(hs: &Homeserver, prefix: &str) -> Result<Self> {
+        let account = hs.register(&crate::unique(prefix), false).await?;
+        Self::login(hs, &account).await
+    }
+
     /// Logs `user` in on `hs` with a new device (see [`E2eeUser::login_at`]).
     pub async fn login(hs: &Homeserver, user: &User) -> Result<Self> {
         Self::login_at(hs, &hs.url, user).await

@@ -21,11 +21,9 @@ impl EncryptedDm {
         let stack = Stack::start(&hs, StackOptions::default())
             .await
             .expect("stack starts");
-        let account = hs
-            .register(&e2e::unique("euser"), false)
+        let user = E2eeUser::register(&hs, "euser")
             .await
-            .expect("register user");
-        let user = E2eeUser::login(&hs, &account).await.expect("login");
+            .expect("register and log in");
         let room = user
             .create_encrypted_dm(&stack.bot.user_id)
             .await

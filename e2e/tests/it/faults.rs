@@ -375,14 +375,9 @@ async fn every_message_is_answered_exactly_once_in_order_through_crashes_and_out
     }
     // Element's way: the encrypted DM is created by its first message.
     let e2ee = Arc::new(
-        E2eeUser::login(
-            &hs,
-            &hs.register(&e2e::unique("fuser"), false)
-                .await
-                .expect("register user"),
-        )
-        .await
-        .expect("e2ee login"),
+        E2eeUser::register(&hs, "fuser")
+            .await
+            .expect("register and log in"),
     );
     let (e2ee_room, e2ee_first) = e2ee
         .start_dm_with_first_message(&bot, "message 0 in the encrypted room")

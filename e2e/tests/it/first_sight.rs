@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use e2e::e2ee::{E2eeUser, Received};
-use e2e::{Homeserver, Stack, StackOptions, unique};
+use e2e::{Homeserver, Stack, StackOptions};
 
 use crate::TURN;
 
@@ -43,9 +43,7 @@ async fn elements_first_dm_message_sent_before_the_bot_joins_is_answered() {
     let hs = Homeserver::from_env();
     let stack = Stack::start(&hs, StackOptions::default()).await.unwrap();
     let bot = stack.bot.user_id.clone();
-    let alice = E2eeUser::login(&hs, &hs.register(&unique("user"), false).await.unwrap())
-        .await
-        .unwrap();
+    let alice = E2eeUser::register(&hs, "user").await.unwrap();
 
     // The surface is frozen while the DM is created and its first message sent, so the
     // message is certainly in the room before the bot's join.
@@ -93,9 +91,7 @@ async fn an_invite_while_the_surface_is_down_is_joined_and_its_messages_answered
         .insert("SURFACE_OFFLINE_NOTICE".into(), "1s".into());
     let mut stack = Stack::start(&hs, opts).await.unwrap();
     let bot = stack.bot.user_id.clone();
-    let alice = E2eeUser::login(&hs, &hs.register(&unique("user"), false).await.unwrap())
-        .await
-        .unwrap();
+    let alice = E2eeUser::register(&hs, "user").await.unwrap();
 
     assert_eq!(stack.surface.stop().await, Some(0), "clean stop");
     let room = alice.create_encrypted_dm(&bot).await.unwrap();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::e2ee::E2eeUser;
-use e2e::{Homeserver, Stack, StackOptions, unique};
+use e2e::{Homeserver, Stack, StackOptions};
 use matrix_sdk::Room;
 use matrix_sdk::ruma::events::relation::{InReplyTo, Reply};
 use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
@@ -97,17 +97,11 @@ async fn reply_latency_back_to_back_paced_and_next_to_an_echo_bot() {
     let hs = Homeserver::from_env();
     let stack = Stack::start(&hs, StackOptions::default()).await.unwrap();
     let bot = stack.bot.user_id.clone();
-    let alice = E2eeUser::login(&hs, &hs.register(&unique("user"), false).await.unwrap())
-        .await
-        .unwrap();
+    let alice = E2eeUser::register(&hs, "user").await.unwrap();
     let room = alice.create_encrypted_dm(&bot).await.unwrap();
     alice.wait_joined(&room, &bot, TURN).await.unwrap();
 
-    let echo_bot = Arc::new(
-        E2eeUser::login(&hs, &hs.register(&unique("echo"), false).await.unwrap())
-            .await
-            .unwrap(),
-    );
+    let echo_bot = Arc::new(E2eeUser::register(&hs, "echo").await.unwrap());
     echo(&echo_bot);
     let echo_room = alice.create_encrypted_dm(&echo_bot.user_id).await.unwrap();
     alice

@@ -4,7 +4,7 @@
 //! device, answering it and nothing it had answered before.
 
 use e2e::e2ee::E2eeUser;
-use e2e::{Homeserver, Stack, StackOptions, unique};
+use e2e::{Homeserver, Stack, StackOptions};
 use serde_json::Value;
 
 use crate::TURN;
@@ -61,9 +61,7 @@ async fn a_fresh_state_dir_with_the_recovery_key_reads_old_encrypted_messages() 
     };
     let mut stack = Stack::start(&hs, opts).await.unwrap();
     let bot = stack.bot.user_id.clone();
-    let alice = E2eeUser::login(&hs, &hs.register(&unique("user"), false).await.unwrap())
-        .await
-        .unwrap();
+    let alice = E2eeUser::register(&hs, "user").await.unwrap();
     let room = alice.create_encrypted_dm(&bot).await.unwrap();
     alice.wait_joined(&room, &bot, TURN).await.unwrap();
     let one = alice
