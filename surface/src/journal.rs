@@ -161,6 +161,8 @@ CREATE TABLE IF NOT EXISTS events(
     recorded_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_chat_state ON events(chat_id, state, ord);
+-- The undecrypted sweep runs every few seconds: it must not scan the whole journal.
+CREATE INDEX IF NOT EXISTS events_undecrypted ON events(ord) WHERE state IN ('waiting', 'late');
 CREATE TABLE IF NOT EXISTS chats(
     chat_id TEXT PRIMARY KEY,
     room_id TEXT NOT NULL,
@@ -658,6 +660,27 @@ mod tests {
             context: vec![],
             timestamp_ms: 1000,
         }
+    }
+
+    #[test]
+    fn the_undecrypted_sweep_uses_its_index_not_a_scan() {
+        let j = Journal::in_memory().unwrap();
+        let sql = format!(
+            "EXPLAIN QUERY PLAN SELECT {}, recorded_ms, state FROM events \
+             WHERE state IN ('waiting', 'late') ORDER BY ord",
+            Journal::EVENT_COLS
+        );
+        let conn = j.conn();
+        let mut stmt = conn.prepare(&sql).unwrap();
+        let plan: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter().any(|p| p.contains("events_undecrypted")),
+            "{plan:?}"
+        );
     }
 
     #[test]
