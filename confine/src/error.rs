@@ -20,6 +20,10 @@ pub enum ConfineError {
     /// The file has several hard links, so it may be a copy of something outside the scope.
     #[error("refused: {0} has more than one hard link")]
     HardLinked(WorkspacePath),
+    /// The file's links or contents kept changing while it was being opened, so it may have
+    /// been swapped for something outside the scope in between.
+    #[error("refused: {0} kept changing while it was being opened; try again when it is still")]
+    Changing(WorkspacePath),
     /// The file is larger than the configured limit.
     #[error("refused: {path} is {size} bytes, over the limit of {limit} bytes")]
     TooLarge {
@@ -70,6 +74,7 @@ impl ConfineError {
             Self::Symlink(_)
                 | Self::NotRegular(_)
                 | Self::HardLinked(_)
+                | Self::Changing(_)
                 | Self::TooLarge { .. }
                 | Self::InvalidPath { .. }
                 | Self::NotWritable { .. }
@@ -140,6 +145,7 @@ mod tests {
             (ConfineError::NotFound(p("a")), true, false, false),
             (ConfineError::Symlink(p("a")), false, true, false),
             (ConfineError::HardLinked(p("a")), false, true, false),
+            (ConfineError::Changing(p("a")), false, true, false),
             (denied, false, false, true),
         ];
         for (e, not_found, refusal, denied) in cases {

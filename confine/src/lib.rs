@@ -6,7 +6,8 @@
 //! * [`open_file`] and [`open_dir`] open beneath a `cap_std` directory handle one component at a
 //!   time without following symlinks; [`open_reachable`] does so only for what a scope reaches
 //!   and answers "not found" for anything else. The opened handle must be a regular file with
-//!   exactly one link, under the size limit.
+//!   exactly one link, under the size limit, whose links have not changed since shortly before
+//!   the open (so a hard link swapped in and out between open and check is caught).
 //! * [`ConfineError`] says why, naming the workspace path only (all opens are relative, so no
 //!   host path can appear in it).
 //!

@@ -2,6 +2,7 @@
 //! symlink, and checked on the opened handle rather than on a path that could change under us.
 
 use std::io;
+use std::time::{Duration, SystemTime};
 
 use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
@@ -36,9 +37,29 @@ pub fn open_reachable(
     open_file(root, path, max_size)
 }
 
+/// How long a file's links and metadata must have been still before an open may hand it out.
+///
+/// A hard link to an outside file can be put at a workspace name, opened through, and removed
+/// again before the one-link check looks at the handle: the count is back to one by then. Every
+/// link or unlink sets the file's change time (`ctime`), which nobody but the clock can set, so
+/// a handle whose `ctime` is not well before the open began may have been swapped under it; the
+/// open is tried again once that moment has passed.
+///
+/// The kernel stamps with a clock that lags the fine one by up to a tick (at most 10 ms), so
+/// 50 ms covers it on filesystems with fine timestamps. A stamp with no fraction of a second
+/// may come from a filesystem that keeps whole seconds (or two, FAT): it must be older.
+pub const SETTLE: Duration = Duration::from_millis(50);
+/// [`SETTLE`] for a change time with no fraction of a second.
+pub const SETTLE_COARSE: Duration = Duration::from_millis(2100);
+
+/// How many times [`open_file`] tries a file that keeps changing before refusing it.
+const SETTLE_TRIES: u32 = 4;
+
 /// Opens `path` beneath `root` for reading: no symlink in any component, never blocking on a
-/// FIFO or device, and the opened handle must be a regular file with exactly one link and at
-/// most `max_size` bytes.
+/// FIFO or device, and the opened handle must be a regular file with exactly one link, at
+/// most `max_size` bytes, whose links have not changed since well before the open (see
+/// [`SETTLE`]). A file changed within that time is tried again after it; one that keeps
+/// changing is refused.
 pub fn open_file(
     root: &Dir,
     path: &WorkspacePath,
@@ -50,17 +71,43 @@ pub fn open_file(
         // Opening a FIFO for reading would block until a writer appears.
         (OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC).bits() as i32,
     );
-    let file = dir
-        .open_with(name, &options)
-        .map_err(|e| classify(&dir, name, path, e))?
-        .into_std();
-    let meta = file.metadata().map_err(|e| ConfineError::io(path, e))?;
-    check_opened(&Opened::of(&meta), path, max_size)?;
-    Ok(ConfinedFile {
-        file,
-        size: meta.len(),
-        path: path.clone(),
-    })
+    for _ in 0..SETTLE_TRIES {
+        let began = SystemTime::now();
+        let file = dir
+            .open_with(name, &options)
+            .map_err(|e| classify(&dir, name, path, e))?
+            .into_std();
+        let meta = file.metadata().map_err(|e| ConfineError::io(path, e))?;
+        let opened = Opened::of(&meta);
+        check_opened(&opened, path, max_size)?;
+        match settled(opened.changed, began) {
+            Ok(()) => {
+                return Ok(ConfinedFile {
+                    file,
+                    size: meta.len(),
+                    path: path.clone(),
+                });
+            }
+            Err(wait) => std::thread::sleep(wait),
+        }
+    }
+    Err(ConfineError::Changing(path.clone()))
+}
+
+/// `Ok` when a file last changed at `changed` had been still for [`SETTLE`] (or
+/// [`SETTLE_COARSE`]) when an open began at `began`; otherwise how long to wait until it would
+/// have been.
+fn settled(changed: SystemTime, began: SystemTime) -> Result<(), Duration> {
+    let whole_seconds = changed
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .is_ok_and(|d| d.subsec_nanos() == 0);
+    let needed = if whole_seconds { SETTLE_COARSE } else { SETTLE };
+    match began.duration_since(changed) {
+        Ok(still) if still >= needed => Ok(()),
+        Ok(still) => Err(needed - still),
+        // Changed "after" the open began: the clock is ahead of it, or it moved back.
+        Err(_) => Err(needed),
+    }
 }
 
 /// Opens the folder `path` beneath `root`, never following a symlink.
@@ -134,6 +181,8 @@ struct Opened {
     is_file: bool,
     links: u64,
     size: u64,
+    /// The change time (`ctime`): set by the kernel on every link, unlink, write or chmod.
+    changed: SystemTime,
 }
 
 impl Opened {
@@ -143,8 +192,18 @@ impl Opened {
             is_file: meta.file_type().is_file(),
             links: meta.nlink(),
             size: meta.len(),
+            changed: change_time(meta.ctime(), meta.ctime_nsec()),
         }
     }
+}
+
+/// `ctime` as a `SystemTime`; a time before 1970 counts as 1970 (long settled).
+fn change_time(secs: i64, nanos: i64) -> SystemTime {
+    u64::try_from(secs)
+        .ok()
+        .map(|s| Duration::new(s, u32::try_from(nanos).unwrap_or(0).min(999_999_999)))
+        .and_then(|d| SystemTime::UNIX_EPOCH.checked_add(d))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// A regular file with exactly one link, within the limit. No link at all means the file was
@@ -460,6 +519,7 @@ mod tests {
                     is_file,
                     links,
                     size,
+                    changed: SystemTime::UNIX_EPOCH,
                 },
                 &path,
                 10,
@@ -482,94 +542,29 @@ mod tests {
         ));
     }
 
-    /// Swaps what a reachable path is, as fast as it can, while another thread keeps opening it:
-    /// the file itself flips between a regular file and a symlink to a file outside the
-    /// workspace; a folder on the way flips (atomically, `RENAME_EXCHANGE`) between a real
-    /// folder and a symlink to a folder outside. Whatever the interleaving, the opener never
-    /// hands out the outside file.
-    ///
-    /// Not covered, on purpose: a *hard link* to an outside file swapped in and out. The
-    /// one-link check runs on the opened handle, after the open, so a link removed in between
-    /// passes it (measured: 47 of 6,139 opens in such a race). Planting that link takes write
-    /// access to the workspace and access to the outside file on the same filesystem, which
-    /// neither the agent's tools nor a room member have.
     #[test]
-    fn swapping_links_in_a_race_never_reaches_outside() {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, Ordering};
-
-        use rustix::fs::{CWD, RenameFlags, renameat_with};
-
-        const CANARY: &[u8] = b"CANARY-outside-the-workspace";
-        let f = fixture();
-        let outside = f.outside().join("outside");
-        std::fs::create_dir_all(&outside).unwrap();
-        let canary = outside.join("f.txt");
-        std::fs::write(&canary, CANARY).unwrap();
-
-        let file_rel = f.chat("race.txt");
-        let file = f.root.join(&file_rel);
-        let sub_rel = f.chat("sub/f.txt");
-        let sub = f.root.join(f.chat("sub"));
-        std::fs::create_dir_all(&sub).unwrap();
-        std::fs::write(sub.join("f.txt"), b"inside").unwrap();
-        let sub_link = f.root.join(f.chat("sub-link"));
-        std::os::unix::fs::symlink(&outside, &sub_link).unwrap();
-        std::fs::write(&file, b"inside").unwrap();
-
-        let stop = Arc::new(AtomicBool::new(false));
-        let swapper = {
-            let (stop, file, sub, sub_link, canary) = (
-                stop.clone(),
-                file.clone(),
-                sub.clone(),
-                sub_link.clone(),
-                canary.clone(),
-            );
-            std::thread::spawn(move || {
-                let dir = file.parent().unwrap().to_owned();
-                let mut swaps = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let tmp = dir.join(".swap");
-                    let _ = std::fs::remove_file(&tmp);
-                    if swaps.is_multiple_of(2) {
-                        std::fs::write(&tmp, b"inside").unwrap();
-                    } else {
-                        std::os::unix::fs::symlink(&canary, &tmp).unwrap();
-                    }
-                    std::fs::rename(&tmp, &file).unwrap();
-                    renameat_with(CWD, &sub, CWD, &sub_link, RenameFlags::EXCHANGE).unwrap();
-                    swaps += 1;
-                }
-                swaps
-            })
+    fn a_file_must_have_been_still_before_the_open() {
+        let at = |secs: u64, millis: u64| {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
         };
-
-        let (mut opened, mut refused, mut canary_reads) = (0u64, 0u64, 0u64);
-        let attempts = 20_000;
-        for i in 0..attempts {
-            let rel = if i % 2 == 0 { &file_rel } else { &sub_rel };
-            match f.open(rel) {
-                Ok(mut c) => {
-                    opened += 1;
-                    let mut content = Vec::new();
-                    std::io::Read::read_to_end(&mut c.file, &mut content).unwrap();
-                    if content == CANARY {
-                        canary_reads += 1;
-                    }
-                }
-                Err(_) => refused += 1,
-            }
+        let ms = Duration::from_millis;
+        // (changed, began, expected)
+        let cases = [
+            (at(100, 1), at(100, 51), Ok(())),
+            (at(100, 1), at(200, 0), Ok(())),
+            (at(100, 1), at(100, 31), Err(ms(20))),
+            (at(100, 1), at(100, 1), Err(SETTLE)),
+            // Changed after the open began (a link removed in between, or clocks apart).
+            (at(100, 9), at(100, 1), Err(SETTLE)),
+            // Whole seconds: the filesystem may round, so it must be older.
+            (at(100, 0), at(100, 51), Err(ms(2049))),
+            (at(100, 0), at(102, 100), Ok(())),
+            (at(100, 0), at(99, 0), Err(SETTLE_COARSE)),
+        ];
+        for (changed, began, expected) in cases {
+            assert_eq!(settled(changed, began), expected, "{changed:?} {began:?}");
         }
-        stop.store(true, Ordering::Relaxed);
-        let swaps = swapper.join().unwrap();
-        println!(
-            "race: attempts={attempts} swaps={swaps} opened={opened} refused={refused} canary_reads={canary_reads}"
-        );
-        assert_eq!(canary_reads, 0, "the outside file was read");
-        assert!(
-            opened > 0 && refused > 0,
-            "both states were seen: {opened} opened, {refused} refused"
-        );
+        assert_eq!(change_time(-5, 0), SystemTime::UNIX_EPOCH);
+        assert_eq!(change_time(100, 1_000_000), at(100, 1));
     }
 }

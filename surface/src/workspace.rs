@@ -108,6 +108,7 @@ pub fn user_reason(e: &ConfineError) -> String {
         ConfineError::Symlink(_) => "it is a symbolic link, which I do not follow".to_owned(),
         ConfineError::NotRegular(_) => "it is not a regular file".to_owned(),
         ConfineError::HardLinked(_) => "it has more than one hard link".to_owned(),
+        ConfineError::Changing(_) => "it kept changing while I opened it".to_owned(),
         ConfineError::TooLarge { limit, .. } => {
             format!("it is larger than the {} limit", human_size(*limit))
         }
