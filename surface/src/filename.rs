@@ -3,7 +3,8 @@
 //! `sanitize-filename` removes path separators, reserved punctuation and C0/C1 controls. This
 //! wrapper adds what it misses: NFC normalization, Unicode format characters (bidi overrides
 //! such as U+202E that make `gnp.exe` render as `exe.png`, zero-width characters), leading
-//! `.`/`-`/`~` (hidden files, option injection, home expansion), empty results, Windows-reserved
+//! `.`/`-`/`~` (hidden files, option injection, home expansion), characters that render as
+//! nothing (Hangul fillers, the braille blank), empty results, Windows-reserved
 //! device names (escaped instead of replaced, so the name stays readable), and a byte cap that
 //! keeps the extension.
 
@@ -127,10 +128,25 @@ fn cut_at_boundary(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Control characters (Cc), line/paragraph separators (Zl, Zp) and format characters (Cf),
-/// which include the bidi overrides and isolates and zero-width characters.
-fn is_invisible_or_control(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') || is_format_char(c)
+/// Control characters (Cc), line/paragraph separators (Zl, Zp), format characters (Cf),
+/// which include the bidi overrides and isolates and zero-width characters, and the letters
+/// and marks that render as nothing (so a name of them looks blank).
+pub fn is_invisible_or_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}')
+        || is_format_char(c)
+        || is_blank_filler(c)
+}
+
+/// Characters that are letters or marks by category but show nothing: the Hangul fillers,
+/// the braille blank, the combining grapheme joiner, Khmer inherent vowels and Mongolian
+/// variation selectors.
+fn is_blank_filler(c: char) -> bool {
+    matches!(
+        c as u32,
+        0x034F | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B
+            ..=0x180D | 0x180F | 0x2800 | 0x3164 | 0xFFA0
+    )
 }
 
 /// Unicode general category Cf (Unicode 15.1).
@@ -203,6 +219,10 @@ mod tests {
             ("what?.txt", "what_.txt"),
             ("e\u{301}t\u{e9}.txt", "\u{e9}t\u{e9}.txt"),
             ("名前.txt", "名前.txt"),
+            // Names that render blank.
+            ("\u{3164}", "file"),
+            (" \u{115f}\u{2800} ", "file"),
+            ("\u{ffa0}.png", "png"),
             (&long_stem, &long_expected),
             (&long_multibyte, &multibyte_expected),
         ];
@@ -245,7 +265,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2048))]
 
         #[test]
-        fn always_safe(name in any::<String>(), max in 0usize..300) {
+        fn always_safe(name in any::<String>(), max in 0usize..=protocol::MAX_COMPONENT_BYTES) {
             let out = sanitize_filename(&name, max);
             prop_assert!(!out.is_empty());
             prop_assert!(out.len() <= max.max(4), "{} > {}", out.len(), max);

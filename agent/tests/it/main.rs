@@ -6,6 +6,7 @@
 mod admission;
 mod confinement;
 mod connection;
+mod fuzz;
 mod history_cost;
 mod hostile;
 mod openai;

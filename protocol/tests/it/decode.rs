@@ -10,7 +10,7 @@ use protocol::{ToAgent, ToSurface, peek_type};
 
 /// Decodes `bytes` as both directions; says for each whether it decoded to a message the
 /// receiver acts on (not an error, not `Unknown`). Panics only if a property is broken.
-fn decode_both(bytes: &[u8]) -> (bool, bool) {
+pub(crate) fn decode_both(bytes: &[u8]) -> (bool, bool) {
     let text = String::from_utf8_lossy(bytes);
     let _ = peek_type(&text);
     let agent = serde_json::from_slice::<ToAgent>(bytes);
@@ -33,7 +33,7 @@ fn decode_both(bytes: &[u8]) -> (bool, bool) {
 }
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/frames");
     let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()

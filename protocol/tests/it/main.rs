@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 mod decode;
+mod fuzz;
 
 use std::collections::BTreeMap;
 

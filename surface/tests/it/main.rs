@@ -4,5 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 mod agent_link;
+mod fuzz;
 mod health;
 mod run;
