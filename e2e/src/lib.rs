@@ -3,6 +3,9 @@
 //! child processes, and a Matrix user speaking the client-server API over HTTP, or end-to-end
 //! encryption through matrix-sdk ([`E2eeUser`]).
 
+pub mod agent_ws;
+pub mod attack;
+pub mod canary;
 pub mod check;
 pub mod e2ee;
 pub mod keyproxy;

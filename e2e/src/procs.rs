@@ -180,6 +180,8 @@ pub struct Stack {
     pub surface_health: String,
     /// `http://127.0.0.1:<port>` of the agent.
     pub agent_http: String,
+    /// The token the surface presents to the agent (`AGENT_TOKEN`).
+    pub agent_token: String,
     _dir: tempfile::TempDir,
 }
 
@@ -228,7 +230,7 @@ impl Stack {
             ("MATRIX_HOMESERVER_URL", hs.url.clone()),
             ("MATRIX_USER_ID", bot.user_id.clone()),
             ("AGENT_URL", format!("ws://127.0.0.1:{agent_port}")),
-            ("AGENT_TOKEN", token),
+            ("AGENT_TOKEN", token.clone()),
             (
                 "SURFACE_STATE_DIR",
                 dir.path().join("surface-state").display().to_string(),
@@ -261,6 +263,7 @@ impl Stack {
             workspace,
             surface_health,
             agent_http,
+            agent_token: token,
             _dir: dir,
         })
     }

@@ -27,12 +27,16 @@ impl Builtin {
     }
 }
 
+/// How much of a file `read` shows.
+const READ_BYTES: u64 = 2000;
+
 /// Longest `sleep`.
 const MAX_SLEEP_MS: u64 = 60_000;
 
 const HELP: &str = "I understand these commands:\n\
 - `help`: this list\n\
 - `files`: list this chat's files with sizes\n\
+- `read <path>`: show the start of a text file (a bare name is looked up in this chat's files)\n\
 - `send <path>`: send a file back (a bare name is looked up in this chat's files)\n\
 - `note <filename> <text>`: write <text> to a file in this chat's folder and send it\n\
 - `ask <question>`: ask you a question and echo your answer\n\
@@ -47,6 +51,8 @@ pub enum Command<'a> {
     Help,
     /// `files`
     Files,
+    /// `read <path>`
+    Read(&'a str),
     /// `send <path>`
     Send(&'a str),
     /// `sendraw <path>` (test hook)
@@ -66,7 +72,7 @@ pub enum Command<'a> {
 }
 
 const COMMANDS: &[&str] = &[
-    "help", "files", "send", "sendraw", "note", "ask", "approve", "history", "sleep",
+    "help", "files", "read", "send", "sendraw", "note", "ask", "approve", "history", "sleep",
 ];
 
 /// Removes a leading mention such as `botname: ` or `@bot:example.org: `.
@@ -101,6 +107,7 @@ pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
     match word.to_lowercase().as_str() {
         "help" => Command::Help,
         "files" => Command::Files,
+        "read" if !rest.is_empty() => Command::Read(rest),
         "send" if !rest.is_empty() => Command::Send(rest),
         "sendraw" if test_hooks && !rest.is_empty() => Command::SendRaw(rest),
         "note" if !rest.is_empty() => match rest.split_once(char::is_whitespace) {
@@ -156,6 +163,16 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
                 format!("Files in this chat:\n{}", out.output)
             } else {
                 format!("I could not list the files: {}", out.output)
+            }
+        }
+        Command::Read(target) => {
+            let path = resolve(io, target).await;
+            let args = json!({ "path": path, "max_bytes": READ_BYTES }).to_string();
+            let out = io.call_tool("read_file", &args).await;
+            if out.ok {
+                format!("{path}:\n{}", out.output)
+            } else {
+                format!("I could not read {path}: {}", out.output)
             }
         }
         Command::Send(target) => {
@@ -283,6 +300,8 @@ mod tests {
             ("@bot:example.org: files", Command::Files),
             ("Agent Bot: send a.txt", Command::Send("a.txt")),
             ("send", Command::Other("send")),
+            ("read notes.txt", Command::Read("notes.txt")),
+            ("read", Command::Other("read")),
             (
                 "sendraw chats/x/missing.txt",
                 Command::SendRaw("chats/x/missing.txt"),

@@ -10,6 +10,7 @@ mod files_in;
 mod files_out;
 mod first_sight;
 mod flood;
+mod hostile;
 mod large;
 mod late_keys;
 mod latency;
