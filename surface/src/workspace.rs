@@ -684,6 +684,45 @@ mod tests {
         assert!(path.to_path_under(&f.root).is_file());
     }
 
+    #[test]
+    fn a_link_planted_at_the_final_name_is_never_followed_or_replaced() {
+        let f = fixture();
+        let inbox = Workspace::inbox_dir(USER, ROOM);
+        f.ws.create_dir_all(&inbox).unwrap();
+        let inbox_abs = inbox.to_path_under(&f.root);
+        let outside = f.root.parent().unwrap().join("target.txt");
+        std::fs::write(&outside, b"outside").unwrap();
+        symlink(&outside, inbox_abs.join("planted")).unwrap();
+        std::fs::hard_link(&outside, inbox_abs.join("planted-hard")).unwrap();
+        std::fs::write(inbox_abs.join(".partial-new"), b"new").unwrap();
+        let dir = open_dir(&f.ws.dir, &inbox).unwrap();
+        let mut names = ["planted", "planted-hard", "fresh"].into_iter();
+        let got = rename_unique(&dir, ".partial-new", &dir, |_| {
+            names.next().unwrap().to_owned()
+        })
+        .unwrap();
+        assert_eq!(got, "fresh");
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+        let planted = std::fs::symlink_metadata(inbox_abs.join("planted")).unwrap();
+        assert!(planted.file_type().is_symlink());
+        assert_eq!(std::fs::read(inbox_abs.join("fresh")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn an_inbox_that_is_a_link_is_not_written_through() {
+        let f = fixture();
+        let elsewhere = f.root.parent().unwrap().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let inbox_abs = Workspace::inbox_dir(USER, ROOM).to_path_under(&f.root);
+        std::fs::create_dir_all(inbox_abs.parent().unwrap()).unwrap();
+        symlink(&elsewhere, &inbox_abs).unwrap();
+        assert!(
+            f.ws.create_inbox_file(USER, ROOM, "x.txt", SystemTime::now())
+                .is_err()
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+
     #[tokio::test]
     async fn dropped_inbox_file_leaves_nothing() {
         let f = fixture();
