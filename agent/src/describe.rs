@@ -155,17 +155,7 @@ fn text_preview(head: &[u8], mime: &str) -> Option<Vec<String>> {
 
 /// The user's file name: inbox files are `<YYYYmmddTHHMMSSZ>-<8 chars>-<name>`.
 pub fn display_name(file_name: &str) -> String {
-    let mut parts = file_name.splitn(3, '-');
-    if let (Some(ts), Some(unique), Some(rest)) = (parts.next(), parts.next(), parts.next())
-        && ts.len() == 16
-        && ts.ends_with('Z')
-        && ts.as_bytes().get(8) == Some(&b'T')
-        && unique.len() == 8
-        && !rest.is_empty()
-    {
-        return rest.to_owned();
-    }
-    file_name.to_owned()
+    protocol::original_name(file_name).to_owned()
 }
 
 #[cfg(test)]

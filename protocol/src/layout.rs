@@ -71,6 +71,27 @@ pub fn matrix_id_component(id: &str) -> String {
     out
 }
 
+/// The name a user gave a file the surface stored in an inbox as
+/// `<YYYYmmddTHHMMSSZ>-<8 unique>-<name>`: `<name>`. Any other name is returned as it is.
+pub fn original_name(file_name: &str) -> &str {
+    let mut parts = file_name.splitn(3, '-');
+    if let (Some(ts), Some(unique), Some(rest)) = (parts.next(), parts.next(), parts.next())
+        && ts.len() == 16
+        && ts.ends_with('Z')
+        && ts.as_bytes().get(8) == Some(&b'T')
+        && ts
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| i == 8 || i == 15 || b.is_ascii_digit())
+        && unique.len() == 8
+        && unique.bytes().all(|b| b.is_ascii_alphanumeric())
+        && !rest.is_empty()
+    {
+        return rest;
+    }
+    file_name
+}
+
 /// An opaque, URL- and filesystem-safe key for one conversation (a room, or a thread in it).
 ///
 /// Only ASCII letters, digits, `-`, `_` and `.`; 1 to 128 bytes; never starts with `.`.
@@ -106,6 +127,13 @@ impl ChatId {
             .take(24)
             .collect();
         let mut hasher = Sha256::new();
+        if room_id.contains('\0') {
+            // Never a real room id, but `room ‖ NUL ‖ thread` would then be ambiguous: such
+            // ids get a framing of their own, set apart by a byte UTF-8 never has. Real ids
+            // keep the plain framing, so existing chat ids do not change.
+            hasher.update([0xFF]);
+            hasher.update((room_id.len() as u64).to_be_bytes());
+        }
         hasher.update(room_id.as_bytes());
         if let Some(root) = thread_root {
             hasher.update(b"\0");
@@ -214,6 +242,38 @@ mod tests {
         assert!(ChatId::new("").is_err());
         assert!(ChatId::new("a".repeat(129)).is_err());
         assert!(serde_json::from_str::<ChatId>(r#""a/b""#).is_err());
+    }
+
+    #[test]
+    fn chat_ids_of_odd_rooms_do_not_collide() {
+        // Found by the fuzz target: NUL inside a room id used to blur where the thread began.
+        let a = ChatId::for_conversation("", Some("\0\0"));
+        let b = ChatId::for_conversation("\0\0", Some(""));
+        assert_ne!(a, b);
+        // Real ids keep the id they always had.
+        assert_eq!(
+            ChatId::for_conversation("!room:example.org", None).as_str(),
+            "room-r-03cbb71e7ec22cfce187"
+        );
+        assert_eq!(
+            ChatId::for_conversation("!room:example.org", Some("$root")).as_str(),
+            "room-t-86a870af0f65e3aef316"
+        );
+    }
+
+    #[test]
+    fn original_names() {
+        let cases = [
+            ("20261122T101010Z-UufhGaNJ-gradient.png", "gradient.png"),
+            ("20261122T101010Z-UufhGaNJ-a-b-c.txt", "a-b-c.txt"),
+            ("20261122T101010Z-UufhGaNJ-", "20261122T101010Z-UufhGaNJ-"),
+            ("2026112xT101010Z-UufhGaNJ-x", "2026112xT101010Z-UufhGaNJ-x"),
+            ("20261122T101010Z-Uufh-x", "20261122T101010Z-Uufh-x"),
+            ("notes.txt", "notes.txt"),
+        ];
+        for (stored, original) in cases {
+            assert_eq!(original_name(stored), original, "{stored}");
+        }
     }
 
     proptest! {

@@ -5,7 +5,9 @@ mod messages;
 mod path;
 mod secret;
 
-pub use layout::{ChatId, ChatIdError, chat_dir, matrix_id_component, room_dir, surface_root};
+pub use layout::{
+    ChatId, ChatIdError, chat_dir, matrix_id_component, original_name, room_dir, surface_root,
+};
 pub use messages::*;
 pub use path::{MAX_COMPONENT_BYTES, MAX_DEPTH, MAX_PATH_BYTES, WorkspacePath, WorkspacePathError};
 pub use secret::Secret;

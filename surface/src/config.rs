@@ -44,6 +44,15 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// `SURFACE_ALLOWED_USERS`: globs of user ids whose messages and invites are accepted.
     pub allowed_users: Vec<String>,
+    /// `SURFACE_ALLOWED_ROOMS`: globs of room ids (`!…`) and aliases (`#…`) the bot joins and
+    /// answers in (default: every room).
+    pub allowed_rooms: Vec<String>,
+    /// `SURFACE_BOT_USERS`: globs of user ids known to be bots (besides any user who posts
+    /// `m.notice`s), whose messages trigger at most `max_bot_turns` turns in a row.
+    pub bot_users: Vec<String>,
+    /// `SURFACE_MAX_BOT_TURNS`: how many turns in a row other bots may trigger in one chat
+    /// before the bot stops answering them there (a person's message resets it; default 3).
+    pub max_bot_turns: u32,
     /// `SURFACE_MAX_FILE_SIZE`: largest file downloaded or uploaded, in bytes.
     pub max_file_size: u64,
     /// `SURFACE_SHOW_TOOL_CALLS`: post compact notices for tool calls.
@@ -66,6 +75,8 @@ pub struct Config {
 
 /// How long a chat waits for a late room key by default.
 pub const DEFAULT_KEY_WAIT: Duration = Duration::from_secs(60);
+/// Default of `SURFACE_MAX_BOT_TURNS`.
+pub const DEFAULT_MAX_BOT_TURNS: u32 = 3;
 
 /// A setting that is missing or malformed. The message names the variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -156,12 +167,7 @@ impl Config {
 
         let allowed_users = match get("SURFACE_ALLOWED_USERS") {
             Some(list) => {
-                let globs: Vec<String> = list
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect();
+                let globs = glob_list(&list);
                 if globs.is_empty() {
                     return Err(invalid("SURFACE_ALLOWED_USERS", "no patterns given"));
                 }
@@ -177,6 +183,33 @@ impl Config {
                 globs
             }
             None => vec![format!("@*:{}", user_id.server_name())],
+        };
+
+        let allowed_rooms = match get("SURFACE_ALLOWED_ROOMS") {
+            None => vec!["*".to_owned()],
+            Some(list) => {
+                let globs = glob_list(&list);
+                if globs.is_empty() {
+                    return Err(invalid("SURFACE_ALLOWED_ROOMS", "no patterns given"));
+                }
+                if let Some(bad) = globs.iter().find(|g| !g.starts_with(['!', '#', '*'])) {
+                    return Err(invalid(
+                        "SURFACE_ALLOWED_ROOMS",
+                        format!("pattern {bad:?} cannot match a room (must start with !, # or *)"),
+                    ));
+                }
+                globs
+            }
+        };
+        let bot_users = get("SURFACE_BOT_USERS")
+            .map(|l| glob_list(&l))
+            .unwrap_or_default();
+        let max_bot_turns = match get("SURFACE_MAX_BOT_TURNS") {
+            None => DEFAULT_MAX_BOT_TURNS,
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| invalid("SURFACE_MAX_BOT_TURNS", "must be a whole number"))?,
         };
 
         let max_file_size = match get("SURFACE_MAX_FILE_SIZE") {
@@ -242,6 +275,9 @@ impl Config {
             workspace_root,
             state_dir,
             allowed_users,
+            allowed_rooms,
+            bot_users,
+            max_bot_turns,
             max_file_size,
             show_tool_calls,
             health_bind,
@@ -252,12 +288,41 @@ impl Config {
         })
     }
 
+    /// Whether the room `room_id`, or one of its `aliases`, matches an allowed-room glob.
+    pub fn is_room_allowed<'a>(
+        &self,
+        room_id: &str,
+        aliases: impl IntoIterator<Item = &'a str>,
+    ) -> bool {
+        let aliases: Vec<&str> = aliases.into_iter().collect();
+        self.allowed_rooms.iter().any(|g| {
+            let g = WildMatch::new(g);
+            g.matches(room_id) || aliases.iter().any(|a| g.matches(a))
+        })
+    }
+
+    /// Whether `user_id` is configured as a bot (`SURFACE_BOT_USERS`).
+    pub fn is_known_bot(&self, user_id: &str) -> bool {
+        self.bot_users
+            .iter()
+            .any(|g| WildMatch::new(g).matches(user_id))
+    }
+
     /// Whether `user_id` matches one of the allowed-user globs.
     pub fn is_allowed(&self, user_id: &str) -> bool {
         self.allowed_users
             .iter()
             .any(|g| WildMatch::new(g).matches(user_id))
     }
+}
+
+/// Splits a comma-separated list of globs, dropping empty entries.
+fn glob_list(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 fn parse_http_url(var: &'static str, raw: &str) -> Result<Url, ConfigError> {
@@ -326,6 +391,37 @@ mod tests {
     }
 
     #[test]
+    fn room_allowlist_and_bots() {
+        let mut env = base();
+        let c = Config::from_lookup(|k| env.get(k).cloned()).unwrap();
+        assert!(c.is_room_allowed("!any:hs", []), "every room by default");
+        assert_eq!(c.max_bot_turns, DEFAULT_MAX_BOT_TURNS);
+        env.insert(
+            "SURFACE_ALLOWED_ROOMS",
+            "!abc:example.org, #team-*:example.org".into(),
+        );
+        env.insert("SURFACE_BOT_USERS", "@*bot:example.org".into());
+        env.insert("SURFACE_MAX_BOT_TURNS", "5".into());
+        let c = Config::from_lookup(|k| env.get(k).cloned()).unwrap();
+        let table = [
+            ("!abc:example.org", vec![], true),
+            ("!xyz:example.org", vec![], false),
+            ("!xyz:example.org", vec!["#team-ai:example.org"], true),
+            ("!xyz:example.org", vec!["#other:example.org"], false),
+        ];
+        for (room, aliases, allowed) in table {
+            assert_eq!(
+                c.is_room_allowed(room, aliases.iter().copied()),
+                allowed,
+                "{room} {aliases:?}"
+            );
+        }
+        assert!(c.is_known_bot("@helperbot:example.org"));
+        assert!(!c.is_known_bot("@alice:example.org"));
+        assert_eq!(c.max_bot_turns, 5);
+    }
+
+    #[test]
     fn errors_name_the_variable() {
         let cases: &[(&str, Option<&str>, &str)] = &[
             (
@@ -390,6 +486,16 @@ mod tests {
                 "SURFACE_ALLOWED_USERS",
                 Some("alice"),
                 "SURFACE_ALLOWED_USERS is invalid",
+            ),
+            (
+                "SURFACE_ALLOWED_ROOMS",
+                Some("general"),
+                "SURFACE_ALLOWED_ROOMS is invalid",
+            ),
+            (
+                "SURFACE_MAX_BOT_TURNS",
+                Some("many"),
+                "SURFACE_MAX_BOT_TURNS is invalid",
             ),
             ("MATRIX_PASSWORD", None, "MATRIX_ACCESS_TOKEN is invalid"),
         ];

@@ -23,6 +23,50 @@ use crate::workspace::Workspace;
 #[derive(Debug, Default)]
 pub struct Joining(pub Mutex<HashSet<String>>);
 
+/// Who behaves like a bot, and how many turns in a row bots have triggered per chat: what the
+/// bot-loop breaker decides with (in memory: a restart gives bots a fresh allowance).
+#[derive(Debug, Default)]
+pub struct BotLoops {
+    /// Users seen posting `m.notice` (what bots post).
+    pub notice_senders: Mutex<HashSet<String>>,
+    /// Turns in a row triggered by bots, per chat.
+    pub streaks: Mutex<std::collections::HashMap<protocol::ChatId, u32>>,
+}
+
+impl BotLoops {
+    /// Remembers that `user_id` posts notices.
+    pub fn saw_notice(&self, user_id: &str) {
+        self.notice_senders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(user_id.to_owned());
+    }
+
+    /// Whether `user_id` was seen posting notices.
+    pub fn posts_notices(&self, user_id: &str) -> bool {
+        self.notice_senders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(user_id)
+    }
+
+    /// Turns in a row bots triggered in `chat`.
+    pub fn streak(&self, chat: &protocol::ChatId) -> u32 {
+        let streaks = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
+        streaks.get(chat).copied().unwrap_or(0)
+    }
+
+    /// Sets the streak of `chat`.
+    pub fn set_streak(&self, chat: &protocol::ChatId, n: u32) {
+        let mut streaks = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
+        if n == 0 {
+            streaks.remove(chat);
+        } else {
+            streaks.insert(chat.clone(), n);
+        }
+    }
+}
+
 /// Shared state of the running surface.
 #[derive(Debug)]
 pub struct Shared {
@@ -46,6 +90,8 @@ pub struct Shared {
     pub waits: Waits,
     /// Invites being joined.
     pub joining: Joining,
+    /// The bot-loop breaker's memory.
+    pub bot_loops: BotLoops,
     /// Cancelled on SIGINT/SIGTERM.
     pub shutdown: CancellationToken,
     /// Every background task, awaited at shutdown.

@@ -29,6 +29,14 @@ pub struct Facts<'a> {
     pub sender: &'a str,
     /// The sender matches `SURFACE_ALLOWED_USERS`.
     pub sender_allowed: bool,
+    /// The room matches `SURFACE_ALLOWED_ROOMS`.
+    pub room_allowed: bool,
+    /// The sender is a bot (configured, or seen posting notices).
+    pub sender_is_bot: bool,
+    /// Turns in a row other bots have triggered in this chat.
+    pub bot_streak: u32,
+    /// How many such turns are allowed in a row (`SURFACE_MAX_BOT_TURNS`).
+    pub max_bot_turns: u32,
     /// The event is an `m.room.message` (other types are never turns).
     pub is_message: bool,
     /// The event is still `m.room.encrypted`: its room key has not arrived (yet).
@@ -37,6 +45,12 @@ pub struct Facts<'a> {
     pub is_notice: bool,
     /// The event edits another one (`m.replace`).
     pub is_edit: bool,
+    /// The message carries a file (`m.image`, `m.file`, `m.audio`, `m.video`): it is a new
+    /// turn of its own, never the answer to a waiting question or approval.
+    pub has_media: bool,
+    /// For an `m.reaction`: its key (the emoji). Its target's wait is in `waiting`, set only
+    /// when the reaction is on a prompt and comes from the user the prompt asks.
+    pub reaction: Option<&'a str>,
     /// The plain-text body.
     pub body: &'a str,
     /// `m.mentions.user_ids` contains the bot.
@@ -58,10 +72,16 @@ pub enum IgnoreReason {
     NotAMessage,
     /// Sender not allowed.
     NotAllowed,
+    /// Room not allowed.
+    RoomNotAllowed,
+    /// Another bot triggered too many turns in a row in this chat.
+    BotLoop,
     /// An `m.notice`.
     Notice,
     /// An edit.
     Edit,
+    /// A reaction that is not an answer (another emoji, another message, another user).
+    Reaction,
 }
 
 /// The outcome.
@@ -91,6 +111,9 @@ pub fn decide(f: &Facts<'_>) -> Decision {
     if f.sender == f.bot_user_id {
         return Decision::Ignore(IgnoreReason::OwnEvent);
     }
+    if !f.room_allowed {
+        return Decision::Ignore(IgnoreReason::RoomNotAllowed);
+    }
     // Whether an undecryptable event is a message at all is known only once its key arrives;
     // until then it keeps its place, so later messages are not answered first.
     if f.undecryptable {
@@ -100,11 +123,20 @@ pub fn decide(f: &Facts<'_>) -> Decision {
             Decision::Ignore(IgnoreReason::NotAllowed)
         };
     }
-    if !f.is_message {
-        return Decision::Ignore(IgnoreReason::NotAMessage);
-    }
     if !f.sender_allowed {
         return Decision::Ignore(IgnoreReason::NotAllowed);
+    }
+    if let Some(key) = f.reaction {
+        return match (&f.waiting, reaction_choice(key)) {
+            (Some(Waiting::Approval { request_id }), Some(choice)) => Decision::Approval {
+                request_id: request_id.clone(),
+                choice,
+            },
+            _ => Decision::Ignore(IgnoreReason::Reaction),
+        };
+    }
+    if !f.is_message {
+        return Decision::Ignore(IgnoreReason::NotAMessage);
     }
     if f.is_notice {
         return Decision::Ignore(IgnoreReason::Notice);
@@ -114,6 +146,8 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         return Decision::Ignore(IgnoreReason::Edit);
     }
     match &f.waiting {
+        // A file is never an answer: it is a turn of its own, queued behind the waiting one.
+        _ if f.has_media => {}
         Some(Waiting::Question { question_id }) => return Decision::Answer(question_id.clone()),
         Some(Waiting::Approval { request_id }) => {
             return Decision::Approval {
@@ -124,6 +158,9 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         None => {}
     }
     if f.direct_chat || f.mentions_bot || f.reply_to_bot || body_mentions_bot(f) {
+        if f.sender_is_bot && f.bot_streak >= f.max_bot_turns {
+            return Decision::Ignore(IgnoreReason::BotLoop);
+        }
         Decision::Trigger
     } else {
         Decision::Context
@@ -144,6 +181,28 @@ pub fn parse_approval(body: &str) -> ApprovalChoice {
     }
 }
 
+/// The reactions the bot seeds on an approval prompt, in order, with what each means.
+pub const APPROVAL_REACTIONS: [(&str, ApprovalChoice); 3] = [
+    ("✅", ApprovalChoice::AllowOnce),
+    ("♾️", ApprovalChoice::AllowAlways),
+    ("❌", ApprovalChoice::Deny),
+];
+
+/// What a reaction on an approval prompt decides: the seeded ✅ ♾️ ❌ and the common
+/// thumbs; any other emoji decides nothing. Variation selectors and skin tones are ignored.
+pub fn reaction_choice(key: &str) -> Option<ApprovalChoice> {
+    let bare: String = key
+        .chars()
+        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
+        .collect();
+    match bare.as_str() {
+        "✅" | "✔" | "👍" => Some(ApprovalChoice::AllowOnce),
+        "♾" | "🔁" => Some(ApprovalChoice::AllowAlways),
+        "❌" | "✖" | "👎" | "🚫" => Some(ApprovalChoice::Deny),
+        _ => None,
+    }
+}
+
 /// Removes the `> quoted` lines clients put in front of a reply's body.
 pub fn strip_reply_fallback(body: &str) -> &str {
     if !body.starts_with("> ") {
@@ -153,6 +212,43 @@ pub fn strip_reply_fallback(body: &str) -> &str {
         Some(i) => &body[i + 2..],
         None => body,
     }
+}
+
+/// The text a triggering message says to the bot: the reply quote dropped, and a mention of
+/// the bot at its start (`Helper Bot: …`, `@bot:hs …`, `bot, …`) removed, so the agent gets
+/// what was asked and never has to guess which leading word is a name (pure).
+pub fn without_mention<'a>(
+    body: &'a str,
+    bot_user_id: &str,
+    display_name: Option<&str>,
+) -> &'a str {
+    let text = strip_reply_fallback(body).trim_start();
+    let localpart = bot_user_id
+        .trim_start_matches('@')
+        .split(':')
+        .next()
+        .unwrap_or_default();
+    let mut names = vec![bot_user_id, localpart];
+    names.extend(display_name);
+    // The longest first: a display name may start with the localpart.
+    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    for name in names.iter().filter(|n| !n.is_empty()) {
+        let Some(head) = text.get(..name.len()) else {
+            continue;
+        };
+        if !head.eq_ignore_ascii_case(name) && head.to_lowercase() != name.to_lowercase() {
+            continue;
+        }
+        let rest = &text[name.len()..];
+        match rest.chars().next() {
+            None => return "",
+            Some(c) if c == ':' || c == ',' || c.is_whitespace() => {
+                return rest.trim_start_matches([':', ',']).trim_start();
+            }
+            Some(_) => {}
+        }
+    }
+    text
 }
 
 fn body_mentions_bot(f: &Facts<'_>) -> bool {
@@ -194,6 +290,8 @@ mod tests {
             bot_display_name: Some("Helper Bot"),
             sender: "@alice:hs",
             sender_allowed: true,
+            room_allowed: true,
+            max_bot_turns: 3,
             is_message: true,
             body: "hello",
             ..Facts::default()
@@ -309,6 +407,144 @@ mod tests {
                 Decision::Context,
             ),
             ("empty body in group", |f| f.body = "", Decision::Context),
+            (
+                "a room not allowed, even in DM",
+                |f| {
+                    f.room_allowed = false;
+                    f.direct_chat = true;
+                },
+                Decision::Ignore(IgnoreReason::RoomNotAllowed),
+            ),
+            (
+                "a bot's turn within the allowance",
+                |f| {
+                    f.sender_is_bot = true;
+                    f.reply_to_bot = true;
+                    f.bot_streak = 2;
+                },
+                Decision::Trigger,
+            ),
+            (
+                "a bot past the allowance",
+                |f| {
+                    f.sender_is_bot = true;
+                    f.reply_to_bot = true;
+                    f.bot_streak = 3;
+                },
+                Decision::Ignore(IgnoreReason::BotLoop),
+            ),
+            (
+                "a person past a bot's allowance",
+                |f| {
+                    f.reply_to_bot = true;
+                    f.bot_streak = 3;
+                },
+                Decision::Trigger,
+            ),
+            (
+                "no allowance at all",
+                |f| {
+                    f.sender_is_bot = true;
+                    f.direct_chat = true;
+                    f.max_bot_turns = 0;
+                },
+                Decision::Ignore(IgnoreReason::BotLoop),
+            ),
+            (
+                "a file in a DM while an approval waits is a turn, not an answer",
+                |f| {
+                    f.direct_chat = true;
+                    f.has_media = true;
+                    f.body = "no";
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Trigger,
+            ),
+            (
+                "a file in a group while a question waits is context",
+                |f| {
+                    f.has_media = true;
+                    f.waiting = Some(Waiting::Question {
+                        question_id: "q1".into(),
+                    });
+                },
+                Decision::Context,
+            ),
+            (
+                "✅ on the prompt from the asked user",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("✅");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Approval {
+                    request_id: "r1".into(),
+                    choice: ApprovalChoice::AllowOnce,
+                },
+            ),
+            (
+                "♾️ on the prompt",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("♾️");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Approval {
+                    request_id: "r1".into(),
+                    choice: ApprovalChoice::AllowAlways,
+                },
+            ),
+            (
+                "❌ on the prompt",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("❌");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Approval {
+                    request_id: "r1".into(),
+                    choice: ApprovalChoice::Deny,
+                },
+            ),
+            (
+                "another emoji on the prompt",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("🎉");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Ignore(IgnoreReason::Reaction),
+            ),
+            (
+                "a reaction on anything else (or from another user)",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("✅");
+                },
+                Decision::Ignore(IgnoreReason::Reaction),
+            ),
+            (
+                "a reaction from a stranger",
+                |f| {
+                    f.is_message = false;
+                    f.sender_allowed = false;
+                    f.reaction = Some("✅");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Ignore(IgnoreReason::NotAllowed),
+            ),
         ];
         for (name, tweak, expected) in cases {
             let mut f = base();
@@ -345,6 +581,53 @@ mod tests {
                 },
                 "{body}"
             );
+        }
+    }
+
+    #[test]
+    fn mentions_are_removed_only_at_the_start() {
+        let cases = [
+            ("Helper Bot: files", "files"),
+            ("helper bot, files", "files"),
+            ("@bot:hs files", "files"),
+            ("@bot:hs: files", "files"),
+            ("bot: send a.txt", "send a.txt"),
+            ("Bot", ""),
+            ("Location: Berlin", "Location: Berlin"),
+            ("robot: x", "robot: x"),
+            ("botany: x", "botany: x"),
+            ("hey bot, what", "hey bot, what"),
+            ("> <@a:hs> quoted\n\nbot: yes", "yes"),
+            ("  files", "files"),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(
+                without_mention(body, "@bot:hs", Some("Helper Bot")),
+                expected,
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reaction_keys() {
+        let cases = [
+            ("✅", Some(ApprovalChoice::AllowOnce)),
+            ("👍🏽", Some(ApprovalChoice::AllowOnce)),
+            ("✔️", Some(ApprovalChoice::AllowOnce)),
+            ("♾️", Some(ApprovalChoice::AllowAlways)),
+            ("♾", Some(ApprovalChoice::AllowAlways)),
+            ("❌", Some(ApprovalChoice::Deny)),
+            ("👎", Some(ApprovalChoice::Deny)),
+            ("🎉", None),
+            ("yes", None),
+            ("", None),
+        ];
+        for (key, expected) in cases {
+            assert_eq!(reaction_choice(key), expected, "{key}");
+        }
+        for (key, choice) in APPROVAL_REACTIONS {
+            assert_eq!(reaction_choice(key), Some(choice), "seeded {key}");
         }
     }
 

@@ -63,6 +63,23 @@ impl RawEvent {
             .as_str()
     }
 
+    /// For an `m.reaction` (`m.annotation`): the event it annotates and its key.
+    pub fn annotation(&self) -> Option<(&str, &str)> {
+        if self.kind != "m.reaction" {
+            return None;
+        }
+        let rel = self.content.get("m.relates_to")?;
+        if rel.get("rel_type")?.as_str()? != "m.annotation" {
+            return None;
+        }
+        Some((rel.get("event_id")?.as_str()?, rel.get("key")?.as_str()?))
+    }
+
+    /// Whether the message carries a file (`m.image`, `m.file`, `m.audio`, `m.video`).
+    pub fn has_media(&self) -> bool {
+        matches!(self.msgtype(), "m.image" | "m.file" | "m.audio" | "m.video")
+    }
+
     /// The plain-text body.
     pub fn body(&self) -> &str {
         self.str_field("body")

@@ -6,17 +6,19 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use matrix_sdk::ruma::OwnedEventId;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::{Room, RoomMemberships};
 use protocol::ChatId;
 use tracing::{debug, error, info, warn};
 
 use crate::context::Ctx;
-use crate::decide::{self, Decision, Facts};
+use crate::decide::{self, Decision, Facts, IgnoreReason};
 use crate::event::RawEvent;
 use crate::journal::{ChatRef, Disposition, NewEvent};
 use crate::lanes;
-use crate::render;
+use crate::prompts;
+use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
 
 /// What [`classify`] needs to know about the room, read once per batch.
@@ -26,6 +28,8 @@ pub struct RoomFacts {
     pub members: u64,
     /// The bot's display name, for mentions.
     pub bot_display_name: Option<String>,
+    /// The room (by id or one of its aliases) matches `SURFACE_ALLOWED_ROOMS`.
+    pub allowed: bool,
 }
 
 impl RoomFacts {
@@ -39,9 +43,14 @@ impl RoomFacts {
                 .map(|m| m.len() as u64)
                 .unwrap_or(0);
         }
+        let mut aliases: Vec<String> = room.alt_aliases().iter().map(ToString::to_string).collect();
+        aliases.extend(room.canonical_alias().map(|a| a.to_string()));
         Self {
             members,
             bot_display_name: ctx.bot_display_name(),
+            allowed: ctx
+                .config
+                .is_room_allowed(room.room_id().as_str(), aliases.iter().map(String::as_str)),
         }
     }
 }
@@ -62,20 +71,33 @@ pub async fn classify(
         || thread_root
             .as_deref()
             .is_some_and(|r| ctx.journal.bot_in_thread(r).unwrap_or(false));
+    // A reaction answers the prompt it is on, and only for the user the prompt asks.
+    let annotation = e.annotation();
+    let waiting = match annotation {
+        Some((target, _)) => ctx.waits.by_prompt_from(target, &e.sender),
+        None => ctx.waits.lookup(room_id, &e.sender),
+    };
+    let chat = ChatId::for_conversation(room_id, thread_root.as_deref());
     let decision = decide::decide(&Facts {
         bot_user_id: bot,
         bot_display_name: facts.bot_display_name.as_deref(),
         sender: &e.sender,
         sender_allowed: ctx.config.is_allowed(&e.sender),
+        room_allowed: facts.allowed,
+        sender_is_bot: is_bot(ctx, &e.sender),
+        bot_streak: ctx.bot_loops.streak(&chat),
+        max_bot_turns: ctx.config.max_bot_turns,
         is_message: e.kind == "m.room.message",
         undecryptable: e.is_undecryptable(),
         is_notice: e.msgtype() == "m.notice",
         is_edit: e.rel_type() == Some("m.replace"),
+        has_media: e.has_media(),
+        reaction: annotation.map(|(_, key)| key),
         body: e.body(),
         mentions_bot: e.mentions(bot),
         reply_to_bot,
         direct_chat: facts.members <= 2,
-        waiting: ctx.waits.lookup(room_id, &e.sender),
+        waiting,
     });
     let disposition = match &decision {
         Decision::Ignore(_) => Disposition::Skip,
@@ -116,13 +138,78 @@ pub async fn classify(
     (row, decision)
 }
 
+/// Whether `user_id` is a bot: configured as one, or seen posting notices.
+fn is_bot(ctx: &Ctx, user_id: &str) -> bool {
+    ctx.config.is_known_bot(user_id) || ctx.bot_loops.posts_notices(user_id)
+}
+
+/// Counts turns bots trigger in a row per chat; tells the room once when the breaker trips.
+fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
+    let chat = ChatId::for_conversation(&ev.room_id, ev.thread_root.as_deref());
+    let max = ctx.config.max_bot_turns;
+    match decision {
+        Decision::Trigger if is_bot(ctx, &ev.sender) => {
+            ctx.bot_loops
+                .set_streak(&chat, ctx.bot_loops.streak(&chat) + 1);
+        }
+        Decision::Trigger => ctx.bot_loops.set_streak(&chat, 0),
+        Decision::Ignore(IgnoreReason::BotLoop) if ctx.bot_loops.streak(&chat) == max => {
+            // Once per streak: the count moves past the allowance.
+            ctx.bot_loops.set_streak(&chat, max + 1);
+            warn!(event_id = %ev.event_id, sender = %ev.sender, max, "bot loop: not answering another bot here");
+            let text = format!(
+                "🤖 {} is a bot and has had {max} answers in a row here; I stop answering it in \
+                 this conversation until a person writes.",
+                render::pill(&ev.sender)
+            );
+            notify(ctx, ev, text, "bot-loop");
+        }
+        _ => {}
+    }
+}
+
+/// Posts notice `text` in reply to `ev` (its thread), in the background.
+fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: &'static str) {
+    let (Ok(event_id), Ok(room_id)) = (
+        OwnedEventId::try_from(ev.event_id.as_str()),
+        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
+    ) else {
+        return;
+    };
+    let Some(room) = ctx.client.get_room(&room_id) else {
+        return;
+    };
+    let target = ReplyTarget {
+        event_id,
+        thread_root: ev
+            .thread_root
+            .as_deref()
+            .and_then(|t| OwnedEventId::try_from(t).ok()),
+    };
+    let ctx2 = ctx.clone();
+    ctx.tracker.spawn(async move {
+        let txn = render::notice_txn_id(target.event_id.as_str(), kind);
+        let out = Outgoing {
+            txn: &txn,
+            thread_root: Some(target.root()),
+            about: Some(&target.event_id),
+            purpose: kind,
+        };
+        if let Err(e) = send::post(&ctx2, &room, target.notice(&text), out).await {
+            warn!(error = %e, "could not post the {kind} notice");
+        }
+    });
+}
+
 /// Chats to wake after a batch, each once.
 pub type Pokes = BTreeMap<ChatId, ChatRef>;
 
 /// Acts on a journaled event: an answer goes to the waiting question or approval, a message to
 /// its lane (woken by [`wake`]).
 pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, body: &str, pokes: &mut Pokes) {
+    bot_loop_step(ctx, ev, &decision);
     match decision {
+        Decision::Ignore(IgnoreReason::Notice) => ctx.bot_loops.saw_notice(&ev.sender),
         Decision::Ignore(reason) => {
             if ev.sender != ctx.config.user_id.as_str() {
                 debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
@@ -134,7 +221,11 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, body: &str, pokes: &mut
             info!(event_id = %ev.event_id, question_id = %question_id, delivered, "answer received");
         }
         Decision::Approval { request_id, choice } => {
-            let delivered = ctx.waits.decide(&request_id, choice, &ev.sender);
+            let decided = ctx.waits.decide(&request_id, choice, &ev.sender);
+            if let Some(w) = &decided {
+                prompts::show_outcome(ctx, w, choice, &ev.sender);
+            }
+            let delivered = decided.is_some();
             info!(event_id = %ev.event_id, request_id = %request_id, ?choice, delivered, "approval answered");
         }
         Decision::Context | Decision::Trigger | Decision::WaitForKey => {

@@ -224,16 +224,22 @@ impl Lane {
                     prepared.text = caption;
                     context_ids.push(caption_id);
                 }
+                let bot_name = self.ctx.bot_display_name();
+                let text = crate::decide::without_mention(
+                    &prepared.text,
+                    self.ctx.config.user_id.as_str(),
+                    bot_name.as_deref(),
+                );
                 let msg = UserMessage {
                     seq: 0,
                     id: ev.event_id.clone(),
                     room_id: ev.room_id.clone(),
                     thread_root: ev.thread_root.clone(),
                     sender,
-                    text: if prepared.text.trim().is_empty() {
+                    text: if text.trim().is_empty() {
                         ATTACHMENTS_ONLY_TEXT.to_owned()
                     } else {
-                        prepared.text
+                        text.to_owned()
                     },
                     attachments: prepared.attachments,
                     attachment_info: prepared.info,

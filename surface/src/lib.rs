@@ -19,6 +19,7 @@ pub mod media;
 pub mod mime;
 pub mod outbound;
 pub mod outbox;
+pub mod prompts;
 pub mod render;
 pub mod retention;
 pub mod retry;
@@ -131,6 +132,7 @@ pub async fn run_with(
         lanes: Default::default(),
         waits: Default::default(),
         joining: Default::default(),
+        bot_loops: Default::default(),
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         bot_display_name: RwLock::new(display_name),

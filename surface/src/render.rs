@@ -66,9 +66,9 @@ impl ReplyTarget {
         content
     }
 
-    /// A markdown reply (rendered to HTML).
+    /// A markdown reply (rendered to HTML, raw HTML shown as text: see [`safe_markdown`]).
     pub fn markdown(&self, text: &str) -> RoomMessageEventContent {
-        self.apply(RoomMessageEventContent::text_markdown(text))
+        self.apply(safe_markdown(text))
     }
 
     /// A markdown reply in as many events as it takes: each part's content stays well under the
@@ -98,8 +98,61 @@ impl ReplyTarget {
 
     /// A compact `m.notice` reply.
     pub fn notice(&self, text: &str) -> RoomMessageEventContent {
-        self.apply(RoomMessageEventContent::notice_markdown(text))
+        self.apply(match safe_markdown_html(text) {
+            Some(html) => RoomMessageEventContent::notice_html(text, html),
+            None => RoomMessageEventContent::notice_plain(text),
+        })
     }
+}
+
+/// An `m.text` whose HTML is `text` rendered as markdown, with any raw HTML in it (from a
+/// model, or a user's words quoted back) shown as text rather than interpreted.
+pub fn safe_markdown(text: &str) -> RoomMessageEventContent {
+    match safe_markdown_html(text) {
+        Some(html) => RoomMessageEventContent::text_html(text, html),
+        None => RoomMessageEventContent::text_plain(text),
+    }
+}
+
+/// The HTML of markdown `text` with raw HTML escaped; `None` when it has no formatting (pure).
+pub fn safe_markdown_html(text: &str) -> Option<String> {
+    use matrix_sdk::ruma::events::room::message::FormattedBody;
+    use pulldown_cmark::{Event, Options, Parser};
+    let options = Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH;
+    let mut escaped = String::with_capacity(text.len());
+    let mut copied = 0;
+    for (event, range) in Parser::new_ext(text, options).into_offset_iter() {
+        if matches!(event, Event::Html(_) | Event::InlineHtml(_)) && range.start >= copied {
+            escaped.push_str(&text[copied..range.start]);
+            let raw = &text[range.clone()];
+            escaped.push_str(
+                &raw.replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;"),
+            );
+            copied = range.end;
+        }
+    }
+    escaped.push_str(&text[copied..]);
+    FormattedBody::markdown(&escaped).map(|f| f.body)
+}
+
+/// A Matrix user as a pill: a `matrix.to` link clients render as the user's name.
+pub fn pill(user_id: &str) -> String {
+    let label = user_id.replace(['[', ']'], "");
+    format!("[{label}](https://matrix.to/#/{user_id})")
+}
+
+/// `s` inside a markdown code span, whatever backticks it holds.
+pub fn code_span(s: &str) -> String {
+    let longest = s.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest + 1);
+    let pad = if s.starts_with('`') || s.ends_with('`') {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{s}{pad}{fence}")
 }
 
 /// Target size of one part of a long answer, in bytes of markdown.
@@ -245,14 +298,18 @@ fn cut_point(line: &str, room: usize) -> usize {
 /// The prompt posted for an approval request.
 pub fn approval_prompt(req: &ApprovalRequest, user_id: &str) -> String {
     format!(
-        "**Approval needed** for `{}` on `{}`: {}\n\n{user_id}, reply **yes**, **no** or **always**.",
-        req.tool, req.resource, req.summary
+        "**Approval needed** for {} on {}: {}\n\n{}, react ✅ (once), ♾️ (always) or ❌ (no), \
+         or reply **yes**, **always** or **no**.",
+        code_span(&req.tool),
+        code_span(&req.resource),
+        req.summary,
+        pill(user_id)
     )
 }
 
 /// The text posted for an `ask_user` question.
 pub fn question_prompt(q: &AskUser, user_id: &str) -> String {
-    let mut s = format!("**Question** for {user_id}: {}", q.text);
+    let mut s = format!("**Question** for {}: {}", pill(user_id), q.text);
     if !q.options.is_empty() {
         s.push_str("\n\nOptions: ");
         s.push_str(&q.options.join(" / "));
@@ -416,7 +473,55 @@ mod tests {
             summary: "Do x".into(),
         };
         let p = approval_prompt(&req, "@alice:hs");
-        assert!(p.contains("yes") && p.contains("always") && p.contains("@alice:hs"));
+        assert!(p.contains("yes") && p.contains("always") && p.contains("✅"));
+        assert!(
+            p.contains("[@alice:hs](https://matrix.to/#/@alice:hs)"),
+            "{p}"
+        );
         assert!(tool_notice("t", &"a".repeat(500), true, "out").contains('…'));
+    }
+
+    #[test]
+    fn raw_html_is_shown_not_interpreted() {
+        let cases = [
+            // (markdown, HTML must contain, HTML must not contain)
+            ("write <text> to a file", "&lt;text&gt;", "<text>"),
+            ("<img src=x onerror=alert(1)>", "&lt;img", "<img"),
+            (
+                "a <a href=\"https://evil\">link</a>",
+                "&lt;a href",
+                "<a href",
+            ),
+            (
+                "<script>x</script>\n\n**bold**",
+                "&lt;script&gt;",
+                "<script>",
+            ),
+            ("**bold** & <b>fake</b>", "<strong>bold</strong>", "<b>"),
+        ];
+        for (md, has, lacks) in cases {
+            let html = safe_markdown_html(md).unwrap_or_else(|| panic!("{md}: no HTML"));
+            assert!(html.contains(has), "{md}: {html}");
+            assert!(!html.contains(lacks), "{md}: {html}");
+        }
+        // Plain text stays plain; markdown still renders.
+        assert_eq!(safe_markdown_html("just words"), None);
+        assert_eq!(
+            safe_markdown_html("`code` and *it*").as_deref(),
+            Some("<code>code</code> and <em>it</em>")
+        );
+        // The plain body is what was written.
+        let c = safe_markdown("a <b>");
+        assert_eq!(c.body(), "a <b>");
+    }
+
+    #[test]
+    fn pills_and_code_spans() {
+        assert_eq!(pill("@a:hs"), "[@a:hs](https://matrix.to/#/@a:hs)");
+        assert_eq!(code_span("x"), "`x`");
+        assert_eq!(code_span("a`b"), "``a`b``");
+        assert_eq!(code_span("`a"), "`` `a ``");
+        let html = safe_markdown_html(&format!("see {}", code_span("a``b"))).unwrap();
+        assert!(html.contains("<code>a``b</code>"), "{html}");
     }
 }

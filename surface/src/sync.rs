@@ -44,6 +44,20 @@ async fn on_invite(ev: StrippedRoomMemberEvent, room: Room, HandlerCtx(ctx): Han
         info!(room_id = %room_id, sender = %ev.sender, "ignoring invite from a user who is not allowed");
         return;
     }
+    let alias = room.canonical_alias().map(|a| a.to_string());
+    if !ctx
+        .config
+        .is_room_allowed(room_id.as_str(), alias.as_deref())
+    {
+        info!(room_id = %room_id, sender = %ev.sender, "declining invite to a room that is not allowed");
+        let room = room.clone();
+        ctx.tracker.spawn(async move {
+            if let Err(e) = room.leave().await {
+                warn!(error = %e, "could not decline the invite");
+            }
+        });
+        return;
+    }
     {
         let mut joining = ctx.joining.0.lock().unwrap_or_else(|p| p.into_inner());
         if !joining.insert(room_id.to_string()) {

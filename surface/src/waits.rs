@@ -82,6 +82,16 @@ impl Waits {
             .map(Wait::waiting)
     }
 
+    /// The wait whose prompt is event `prompt_event`, if it asks `user_id` (a reaction from
+    /// anyone else decides nothing).
+    pub fn by_prompt_from(&self, prompt_event: &str, user_id: &str) -> Option<Waiting> {
+        self.lock()
+            .waits
+            .iter()
+            .find(|w| w.prompt_event.as_deref() == Some(prompt_event) && w.user_id == user_id)
+            .map(Wait::waiting)
+    }
+
     /// Records the event id of the posted prompt of wait `id`.
     pub fn set_prompt_event(&self, id: &str, prompt_event: &str) {
         if let Some(w) = self.lock().waits.iter_mut().find(|w| w.id == id) {
@@ -151,12 +161,10 @@ impl Waits {
         true
     }
 
-    /// Delivers an approval decision (to every coalesced request). Returns false if nobody
-    /// waits any more.
-    pub fn decide(&self, request_id: &str, choice: ApprovalChoice, by: &str) -> bool {
-        let Some(w) = self.take(request_id) else {
-            return false;
-        };
+    /// Delivers an approval decision (to every coalesced request). Returns the wait it
+    /// answered (its prompt shows the outcome), `None` if nobody waits any more.
+    pub fn decide(&self, request_id: &str, choice: ApprovalChoice, by: &str) -> Option<Wait> {
+        let w = self.take(request_id)?;
         if let Some((tool, resource)) = &w.approval {
             self.lock()
                 .decided
@@ -169,7 +177,7 @@ impl Waits {
                 by: by.to_owned(),
             }));
         }
-        true
+        Some(w)
     }
 }
 
@@ -244,7 +252,18 @@ mod tests {
                 request_id: "r1".into()
             })
         );
-        assert!(waits.decide("r1", ApprovalChoice::AllowOnce, "@alice:hs"));
+        waits.set_prompt_event("r1", "$prompt");
+        assert_eq!(
+            waits.by_prompt_from("$prompt", "@bob:hs"),
+            None,
+            "only the asked user"
+        );
+        assert!(waits.by_prompt_from("$prompt", "@alice:hs").is_some());
+        let decided = waits.decide("r1", ApprovalChoice::AllowOnce, "@alice:hs");
+        assert_eq!(
+            decided.and_then(|w| w.prompt_event).as_deref(),
+            Some("$prompt")
+        );
         let ids: Vec<String> = drain(&mut rx)
             .into_iter()
             .map(|m| match m {
@@ -262,6 +281,10 @@ mod tests {
         );
         waits.turn_over("$turn");
         assert_eq!(waits.decided("$turn", "write_file", "a.txt"), None);
-        assert!(!waits.decide("r1", ApprovalChoice::Deny, "@alice:hs"));
+        assert!(
+            waits
+                .decide("r1", ApprovalChoice::Deny, "@alice:hs")
+                .is_none()
+        );
     }
 }

@@ -353,7 +353,8 @@ impl Workspace {
         Ok(OpenedFile {
             file: opened.file,
             size: opened.size,
-            name: path.file_name().to_owned(),
+            // A file from an inbox goes out under the name its sender gave it.
+            name: protocol::original_name(path.file_name()).to_owned(),
             path: opened.path,
         })
     }

@@ -71,35 +71,10 @@ pub enum Command<'a> {
     Other(&'a str),
 }
 
-const COMMANDS: &[&str] = &[
-    "help", "files", "read", "send", "sendraw", "note", "ask", "approve", "history", "sleep",
-];
-
-/// Removes a leading mention such as `botname: ` or `@bot:example.org: `.
-pub fn strip_mention(text: &str) -> &str {
-    let text = text.trim();
-    if let Some(pos) = text.find(": ") {
-        let prefix = &text[..pos];
-        let first = prefix
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_lowercase();
-        if pos <= 100 && !COMMANDS.contains(&first.as_str()) {
-            return text[pos + 2..].trim_start();
-        }
-    }
-    if text.starts_with('@')
-        && let Some((_, rest)) = text.split_once(char::is_whitespace)
-    {
-        return rest.trim_start();
-    }
-    text
-}
-
 /// Parses the user's text into a command; without `test_hooks` the test hooks are plain text.
 pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
-    let text = strip_mention(text);
+    // The surface removed any mention of the bot; a leading `Word: ` is the user's text.
+    let text = text.trim();
     let (word, rest) = match text.split_once(char::is_whitespace) {
         Some((w, r)) => (w, r.trim()),
         None => (text, ""),
@@ -201,7 +176,7 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             let args = json!({ "question": question }).to_string();
             let answer = io.call_tool("ask_user", &args).await;
             if answer.ok {
-                format!("You answered: {}", answer.output)
+                format!("You answered: {}", quoted(&answer.output))
             } else {
                 format!("I could not ask: {}", answer.output)
             }
@@ -210,9 +185,9 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             let args = json!({ "action": action }).to_string();
             let out = io.call_tool("dangerous_action", &args).await;
             if out.ok {
-                format!("Approved: {action}")
+                format!("Approved: {}", quoted(action))
             } else {
-                format!("Denied: {action} ({})", out.output)
+                format!("Denied: {} ({})", quoted(action), out.output)
             }
         }
         Command::History => history(input),
@@ -224,12 +199,28 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             if !attachments.is_empty() && (text.is_empty() || text.starts_with("User sent")) {
                 String::new()
             } else {
-                format!("I received your message: {text}. Say `help` for what I can do.")
+                format!(
+                    "I received your message: {}. Say `help` for what I can do.",
+                    quoted(text)
+                )
             }
         }
     };
     io.say(reply).await?;
     Ok(())
+}
+
+/// A user's words quoted back as a code span: shown exactly as written, never rendered as
+/// markdown or HTML (no links, no images, no formatting the user did not see).
+fn quoted(text: &str) -> String {
+    let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest + 1);
+    let pad = if text.starts_with('`') || text.ends_with('`') {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{}{pad}{fence}", text.replace('\n', " "))
 }
 
 /// A bare name is looked up among the chat's files (its own folder first, then the newest
@@ -296,9 +287,8 @@ mod tests {
         let cases = [
             ("help", Command::Help),
             ("HELP me", Command::Help),
-            ("bot: files", Command::Files),
-            ("@bot:example.org: files", Command::Files),
-            ("Agent Bot: send a.txt", Command::Send("a.txt")),
+            ("  files ", Command::Files),
+            ("Location: Berlin", Command::Other("Location: Berlin")),
             ("send", Command::Other("send")),
             ("read notes.txt", Command::Read("notes.txt")),
             ("read", Command::Other("read")),
@@ -326,13 +316,22 @@ mod tests {
     }
 
     #[test]
+    fn user_words_are_quoted_as_code() {
+        assert_eq!(quoted("hi"), "`hi`");
+        assert_eq!(quoted("<img src=x>"), "`<img src=x>`");
+        assert_eq!(quoted("a `b` c"), "``a `b` c``");
+        assert_eq!(quoted("`x"), "`` `x ``");
+        assert_eq!(quoted("[l](http://e)\nnext"), "`[l](http://e) next`");
+    }
+
+    #[test]
     fn test_hooks_are_plain_text_unless_enabled() {
         let cases = [
             (
                 "sendraw chats/x/a.txt",
                 Command::Other("sendraw chats/x/a.txt"),
             ),
-            ("bot: sleep 250", Command::Other("sleep 250")),
+            ("sleep 250", Command::Other("sleep 250")),
             ("help", Command::Help),
         ];
         for (input, expected) in cases {

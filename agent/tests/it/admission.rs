@@ -73,7 +73,7 @@ async fn a_huge_seq_is_refused_and_the_chat_goes_on_also_after_restart() {
     // Nothing was stored under the refused id: sent again with a sane seq, it is new.
     let t = c.turn(message(5, "$huge", "hello again")).await;
     assert!(
-        t.text().contains("I received your message: hello again"),
+        t.text().contains("I received your message: `hello again`"),
         "{}",
         t.text()
     );

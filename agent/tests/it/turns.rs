@@ -77,7 +77,7 @@ async fn attachments_are_described() {
 async fn note_writes_and_sends_a_file() {
     let agent = TestAgent::start().await;
     let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$m1", "bot: note a.txt hello")).await;
+    let t = c.turn(message(1, "$m1", "note a.txt hello")).await;
     let expected = format!("chats/{}/a.txt", chat());
     assert_eq!(t.sent_files(), [expected.as_str()]);
     assert_eq!(t.tool_calls(), ["write_file", "send_file"]);
@@ -214,7 +214,7 @@ async fn ask_user_then_answer() {
     })
     .await;
     let t = c.until_end("$m1").await;
-    assert!(t.text().contains("You answered: blue"), "{}", t.text());
+    assert!(t.text().contains("You answered: `blue`"), "{}", t.text());
 
     // An answer nobody waits for is an error, and the connection stays usable.
     c.send(Answer {
@@ -253,15 +253,15 @@ async fn approvals_each_decision_and_always_is_remembered() {
     let agent = TestAgent::start().await;
     let (mut c, _) = agent.connect(&chat()).await;
     let denied = approve_with(&mut c, 1, "launch", Decision::Deny).await;
-    assert!(denied.contains("Denied: launch"), "{denied}");
+    assert!(denied.contains("Denied: `launch`"), "{denied}");
     let once = approve_with(&mut c, 2, "launch", Decision::AllowOnce).await;
-    assert!(once.contains("Approved: launch"), "{once}");
+    assert!(once.contains("Approved: `launch`"), "{once}");
     let always = approve_with(&mut c, 3, "launch", Decision::AllowAlways).await;
-    assert!(always.contains("Approved: launch"), "{always}");
+    assert!(always.contains("Approved: `launch`"), "{always}");
 
     // Remembered: no approval_request this time, also after a restart.
     let t = c.turn(message(4, "$a4", "approve launch")).await;
-    assert!(t.text().contains("Approved: launch"), "{}", t.text());
+    assert!(t.text().contains("Approved: `launch`"), "{}", t.text());
     assert!(
         !t.messages
             .iter()
@@ -272,7 +272,7 @@ async fn approvals_each_decision_and_always_is_remembered() {
     agent.restart().await;
     let (mut c, _) = agent.connect(&chat()).await;
     let t = c.turn(message(5, "$a5", "approve launch")).await;
-    assert!(t.text().contains("Approved: launch"), "{}", t.text());
+    assert!(t.text().contains("Approved: `launch`"), "{}", t.text());
     assert!(
         !t.messages
             .iter()
@@ -292,7 +292,7 @@ async fn duplicates_are_acked_and_not_run_again() {
     assert!(
         first
             .text()
-            .contains("I received your message: hello agent")
+            .contains("I received your message: `hello agent`")
     );
 
     // Same id resent: acked as duplicate (a new id with an old seq is new: see `admission`).
@@ -370,7 +370,7 @@ async fn unfinished_turn_runs_again_on_reconnect() {
     })
     .await;
     let t = c.until_end("$q").await;
-    assert!(t.text().contains("You answered: yes"));
+    assert!(t.text().contains("You answered: `yes`"));
 }
 
 #[tokio::test]

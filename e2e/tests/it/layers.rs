@@ -26,6 +26,7 @@ const SURFACE: &[&[&str]] = &[
     &["waits"],
     &["context"],
     &["send"],
+    &["prompts"],
     &["lanes"],
     &["ingest", "outbound"],
     &["undecrypted"],

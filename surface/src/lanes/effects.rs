@@ -19,6 +19,7 @@ use super::Lane;
 use super::turn::{Input, Outcome, Step, TurnState};
 use crate::agent_link::LinkEvent;
 use crate::media;
+use crate::prompts;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing, PostError};
 use crate::waits::Wait;
@@ -55,6 +56,9 @@ impl Lane {
             let _ = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq);
             return;
         };
+        self.ctx
+            .tracker
+            .spawn(read_receipt(self.room.clone(), target.event_id.clone()));
         let typing = CancellationToken::new();
         self.ctx
             .tracker
@@ -269,9 +273,10 @@ impl Lane {
             prompt_event: None,
         });
         let text = render::approval_prompt(&r, &turn.user);
-        let content = turn.target.markdown(&text);
+        let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
         if let Some(prompt) = self.post(turn, content, "approval").await {
             waits.set_prompt_event(&r.request_id, prompt.as_str());
+            prompts::seed_reactions(&self.ctx, &self.room, &prompt).await;
         }
         self.spawn_timeout(turn, r.request_id, true);
     }
@@ -289,7 +294,7 @@ impl Lane {
             prompt_event: None,
         });
         let text = render::question_prompt(&q, &turn.user);
-        let content = turn.target.markdown(&text);
+        let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
         if let Some(prompt) = self.post(turn, content, "question").await {
             self.ctx
                 .waits
@@ -316,7 +321,11 @@ impl Lane {
                 _ = tokio::time::sleep(limit) => {}
             }
             let answered = if approval {
-                ctx.waits.decide(&id, ApprovalChoice::Deny, &user)
+                let decided = ctx.waits.decide(&id, ApprovalChoice::Deny, &user);
+                if let Some(w) = &decided {
+                    prompts::show_outcome(&ctx, w, ApprovalChoice::Deny, &user);
+                }
+                decided.is_some()
             } else {
                 ctx.waits.answer(&id, "no reply", &user)
             };
@@ -340,6 +349,18 @@ impl Lane {
                 warn!(error = %e, "could not post the timeout notice");
             }
         });
+    }
+}
+
+/// Marks the trigger read when its turn starts, so the user sees it was taken up.
+async fn read_receipt(room: Room, event_id: OwnedEventId) {
+    use matrix_sdk::ruma::api::client::receipt::create_receipt::v3::ReceiptType;
+    use matrix_sdk::ruma::events::receipt::ReceiptThread;
+    if let Err(e) = room
+        .send_single_receipt(ReceiptType::Read, ReceiptThread::Unthreaded, event_id)
+        .await
+    {
+        debug!(error = %e, "read receipt failed");
     }
 }
 

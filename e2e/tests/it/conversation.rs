@@ -1,0 +1,168 @@
+//! Conversation with prompts, as an Element user has it in an encrypted DM: an approval
+//! answered by tapping a seeded reaction, the outcome shown on the prompt, and a file sent
+//! while a prompt waits, which is a turn of its own (downloaded and described) instead of
+//! being taken as the answer.
+
+use std::time::Duration;
+
+use e2e::{E2eeUser, Homeserver, Received, Stack, StackOptions};
+use matrix_sdk::ruma::api::client::relations::get_relating_events_with_rel_type;
+use matrix_sdk::ruma::events::reaction::ReactionEventContent;
+use matrix_sdk::ruma::events::relation::{Annotation, RelationType};
+use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId};
+
+use crate::{PNG_3X2, TURN};
+
+struct Dm {
+    stack: Stack,
+    user: E2eeUser,
+    room: String,
+}
+
+impl Dm {
+    async fn start() -> Self {
+        let hs = Homeserver::from_env();
+        let stack = Stack::start(&hs, StackOptions::default())
+            .await
+            .expect("stack");
+        let user = E2eeUser::register(&hs, "prompts").await.expect("user");
+        let room = user
+            .create_encrypted_dm(&stack.bot.user_id)
+            .await
+            .expect("DM");
+        user.wait_joined(&room, &stack.bot.user_id, TURN)
+            .await
+            .expect("join");
+        Self { stack, user, room }
+    }
+
+    /// The first bot message in the thread of `root` that `pick` accepts.
+    async fn wait_bot(&self, root: &str, what: &str, pick: impl Fn(&Received) -> bool) -> Received {
+        let bot = self.stack.bot.user_id.clone();
+        self.user
+            .wait_for(TURN, what, || async {
+                let all = self.user.messages_from(&self.room, &bot).await.ok()?;
+                all.into_iter().find(|m| {
+                    (m.thread_root.as_deref() == Some(root) || m.answers() == Some(root)) && pick(m)
+                })
+            })
+            .await
+            .expect(what)
+    }
+
+    /// The bot's edit of `event`, once it is there.
+    async fn wait_edit(&self, event: &str, what: &str) -> Received {
+        let bot = self.stack.bot.user_id.clone();
+        self.user
+            .wait_for(TURN, what, || async {
+                let all = self.user.messages_from(&self.room, &bot).await.ok()?;
+                all.into_iter()
+                    .find(|m| m.replaces.as_deref() == Some(event))
+            })
+            .await
+            .expect(what)
+    }
+
+    /// Reactions on `event` from `sender`, as the server relates them.
+    async fn reactions_from(&self, event: &str, sender: &str) -> usize {
+        let room = OwnedRoomId::try_from(self.room.as_str()).unwrap();
+        let event = OwnedEventId::try_from(event).unwrap();
+        let req = get_relating_events_with_rel_type::v1::Request::new(
+            room,
+            event,
+            RelationType::Annotation,
+        );
+        let Ok(resp) = self.user.client().send(req).await else {
+            return 0;
+        };
+        resp.chunk
+            .iter()
+            .filter(|e| e.get_field::<String>("sender").ok().flatten().as_deref() == Some(sender))
+            .count()
+    }
+
+    async fn react(&self, event: &str, key: &str) {
+        let room = self
+            .user
+            .client()
+            .get_room(&OwnedRoomId::try_from(self.room.as_str()).unwrap())
+            .unwrap();
+        let target = OwnedEventId::try_from(event).unwrap();
+        room.send(ReactionEventContent::new(Annotation::new(
+            target,
+            key.into(),
+        )))
+        .await
+        .expect("react");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_by_reaction_and_a_file_while_a_prompt_waits() {
+    let dm = Dm::start().await;
+    let bot = dm.stack.bot.user_id.clone();
+
+    // ✅ on the prompt approves once; the prompt then shows the outcome.
+    let ask = dm.user.send_text(&dm.room, "approve launch").await.unwrap();
+    let prompt = dm
+        .wait_bot(&ask, "the approval prompt", |m| {
+            m.body.contains("Approval needed")
+        })
+        .await;
+    assert!(
+        prompt.body.contains(&dm.user.user_id),
+        "the prompt names the user: {}",
+        prompt.body
+    );
+    let seeded = dm
+        .user
+        .wait_for(TURN, "the seeded reactions", || async {
+            let n = dm.reactions_from(&prompt.event_id, &bot).await;
+            (n >= 3).then_some(n)
+        })
+        .await
+        .unwrap();
+    assert_eq!(seeded, 3, "✅ ♾️ ❌ seeded on the prompt");
+    dm.react(&prompt.event_id, "✅").await;
+    dm.wait_bot(&ask, "the approved answer", |m| {
+        m.body.contains("Approved: `launch`")
+    })
+    .await;
+    let edit = dm
+        .wait_edit(&prompt.event_id, "the outcome on the prompt")
+        .await;
+    assert!(edit.body.contains("Allowed once"), "{}", edit.body);
+
+    // A file sent while the next prompt waits is not the answer: the prompt stays open, a
+    // reaction answers it, and then the file is described in its own thread.
+    let ask2 = dm.user.send_text(&dm.room, "approve second").await.unwrap();
+    let prompt2 = dm
+        .wait_bot(&ask2, "the second prompt", |m| {
+            m.body.contains("Approval needed")
+        })
+        .await;
+    let png = hex::decode(PNG_3X2).unwrap();
+    let file = dm
+        .user
+        .send_file(&dm.room, "pixel.png", "image/png", png, None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = dm.user.messages_from(&dm.room, &bot).await.unwrap();
+    assert!(
+        !all.iter()
+            .any(|m| m.answers() == Some(ask2.as_str()) && m.body.contains("Denied")),
+        "the file was taken as the answer"
+    );
+    dm.react(&prompt2.event_id, "❌").await;
+    dm.wait_bot(&ask2, "the denial", |m| m.body.contains("Denied: `second`"))
+        .await;
+    let described = dm
+        .wait_bot(&file, "the file's description", |m| m.body.contains("3x2"))
+        .await;
+    assert!(described.body.contains("pixel.png"), "{}", described.body);
+    let edit2 = dm
+        .wait_edit(&prompt2.event_id, "the denial on the prompt")
+        .await;
+    assert!(edit2.body.contains("Denied"), "{}", edit2.body);
+}
