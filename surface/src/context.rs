@@ -24,16 +24,27 @@ use crate::workspace::Workspace;
 pub struct Joining(pub Mutex<HashSet<String>>);
 
 /// Who behaves like a bot, and how many turns in a row bots have triggered per chat: what the
-/// bot-loop breaker decides with (in memory: a restart gives bots a fresh allowance).
+/// bot-loop breaker decides with (in memory: a restart gives bots a fresh allowance). Also which
+/// rooms were told the bot cannot read some kind of content (told once each).
 #[derive(Debug, Default)]
 pub struct BotLoops {
     /// Users seen posting `m.notice` (what bots post).
     pub notice_senders: Mutex<HashSet<String>>,
     /// Turns in a row triggered by bots, per chat.
     pub streaks: Mutex<std::collections::HashMap<protocol::ChatId, u32>>,
+    /// (room, kind) pairs already told that the bot cannot read a kind of content.
+    pub told: Mutex<HashSet<(String, &'static str)>>,
 }
 
 impl BotLoops {
+    /// Whether `room_id` has not been told about `kind` yet (and now counts as told).
+    pub fn first_notice(&self, room_id: &str, kind: &'static str) -> bool {
+        self.told
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((room_id.to_owned(), kind))
+    }
+
     /// Remembers that `user_id` posts notices.
     pub fn saw_notice(&self, user_id: &str) {
         self.notice_senders

@@ -45,9 +45,13 @@ pub struct Facts<'a> {
     pub is_notice: bool,
     /// The event edits another one (`m.replace`).
     pub is_edit: bool,
+    /// For an edit by the message's author: where the edited message stands.
+    pub edited: Option<Edited>,
     /// The message carries a file (`m.image`, `m.file`, `m.audio`, `m.video`): it is a new
     /// turn of its own, never the answer to a waiting question or approval.
     pub has_media: bool,
+    /// What the bot cannot read yet (`sticker`, `location`, `poll`), for such events.
+    pub unsupported: Option<&'static str>,
     /// For an `m.reaction`: its key (the emoji). Its target's wait is in `waiting`, set only
     /// when the reaction is on a prompt and comes from the user the prompt asks.
     pub reaction: Option<&'a str>,
@@ -61,6 +65,15 @@ pub struct Facts<'a> {
     pub direct_chat: bool,
     /// What the bot waits for from this sender here, if anything.
     pub waiting: Option<Waiting>,
+}
+
+/// Where the message an edit changes stands (looked up in the journal by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edited {
+    /// Not processed yet: the edit replaces its text.
+    Queued,
+    /// Its turn ran or runs: the edit is a follow-up turn.
+    Ran,
 }
 
 /// Why an event is ignored (for logs).
@@ -97,6 +110,10 @@ pub enum Decision {
     WaitForKey,
     /// The answer to question `question_id`.
     Answer(String),
+    /// An edit of a message not processed yet: it takes the new text.
+    ReplaceQueued,
+    /// Something the bot cannot read yet, sent to it: say so (once).
+    Unsupported(&'static str),
     /// The decision on approval `request_id`.
     Approval {
         /// The request answered.
@@ -135,15 +152,27 @@ pub fn decide(f: &Facts<'_>) -> Decision {
             _ => Decision::Ignore(IgnoreReason::Reaction),
         };
     }
+    if let Some(kind) = f.unsupported {
+        let addressed = f.direct_chat || f.mentions_bot || f.reply_to_bot;
+        return if addressed {
+            Decision::Unsupported(kind)
+        } else {
+            Decision::Ignore(IgnoreReason::NotAMessage)
+        };
+    }
     if !f.is_message {
         return Decision::Ignore(IgnoreReason::NotAMessage);
     }
     if f.is_notice {
         return Decision::Ignore(IgnoreReason::Notice);
     }
-    // Edits would re-run a turn for a typo fix; the original already ran.
+    // An edit changes a message that waits, follows up on one that ran, and does nothing else.
     if f.is_edit {
-        return Decision::Ignore(IgnoreReason::Edit);
+        return match f.edited {
+            Some(Edited::Queued) => Decision::ReplaceQueued,
+            Some(Edited::Ran) => Decision::Trigger,
+            None => Decision::Ignore(IgnoreReason::Edit),
+        };
     }
     match &f.waiting {
         // A file is never an answer: it is a turn of its own, queued behind the waiting one.
@@ -407,6 +436,45 @@ mod tests {
                 Decision::Context,
             ),
             ("empty body in group", |f| f.body = "", Decision::Context),
+            (
+                "an edit of a queued message",
+                |f| {
+                    f.is_edit = true;
+                    f.edited = Some(Edited::Queued);
+                },
+                Decision::ReplaceQueued,
+            ),
+            (
+                "an edit of a message whose turn ran",
+                |f| {
+                    f.is_edit = true;
+                    f.edited = Some(Edited::Ran);
+                },
+                Decision::Trigger,
+            ),
+            (
+                "a sticker in a DM",
+                |f| {
+                    f.is_message = false;
+                    f.unsupported = Some("sticker");
+                    f.direct_chat = true;
+                },
+                Decision::Unsupported("sticker"),
+            ),
+            (
+                "a location nobody addressed to the bot",
+                |f| f.unsupported = Some("location"),
+                Decision::Ignore(IgnoreReason::NotAMessage),
+            ),
+            (
+                "a poll replying to the bot",
+                |f| {
+                    f.is_message = false;
+                    f.unsupported = Some("poll");
+                    f.reply_to_bot = true;
+                },
+                Decision::Unsupported("poll"),
+            ),
             (
                 "a room not allowed, even in DM",
                 |f| {

@@ -75,6 +75,17 @@ impl RawEvent {
         Some((rel.get("event_id")?.as_str()?, rel.get("key")?.as_str()?))
     }
 
+    /// What kind of content the bot cannot read yet this is, if any: a sticker, a location, a
+    /// poll.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        match (self.kind.as_str(), self.msgtype()) {
+            ("m.sticker", _) => Some("sticker"),
+            ("m.room.message", "m.location") => Some("location"),
+            ("m.poll.start" | "org.matrix.msc3381.poll.start", _) => Some("poll"),
+            _ => None,
+        }
+    }
+
     /// Whether the message carries a file (`m.image`, `m.file`, `m.audio`, `m.video`).
     pub fn has_media(&self) -> bool {
         matches!(self.msgtype(), "m.image" | "m.file" | "m.audio" | "m.video")

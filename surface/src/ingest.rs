@@ -15,7 +15,7 @@ use tracing::{debug, error, info, warn};
 use crate::context::Ctx;
 use crate::decide::{self, Decision, Facts, IgnoreReason};
 use crate::event::RawEvent;
-use crate::journal::{ChatRef, Disposition, NewEvent};
+use crate::journal::{ChatRef, Disposition, EditTarget, NewEvent};
 use crate::lanes;
 use crate::prompts;
 use crate::render::{self, ReplyTarget};
@@ -77,6 +77,13 @@ pub async fn classify(
         Some((target, _)) => ctx.waits.by_prompt_from(target, &e.sender),
         None => ctx.waits.lookup(room_id, &e.sender),
     };
+    // An edit: where the edited message stands, and the text a follow-up turn would get.
+    let edit = edit_of(ctx, e);
+    let thread_root = match &edit {
+        // A follow-up is answered under the message it changes, where its first answer went.
+        Some((target, EditTarget::Ran(_), _)) => Some(target.clone()),
+        _ => thread_root,
+    };
     let chat = ChatId::for_conversation(room_id, thread_root.as_deref());
     let decision = decide::decide(&Facts {
         bot_user_id: bot,
@@ -91,7 +98,13 @@ pub async fn classify(
         undecryptable: e.is_undecryptable(),
         is_notice: e.msgtype() == "m.notice",
         is_edit: e.rel_type() == Some("m.replace"),
+        edited: edit.as_ref().and_then(|(_, t, _)| match t {
+            EditTarget::Queued => Some(decide::Edited::Queued),
+            EditTarget::Ran(_) => Some(decide::Edited::Ran),
+            EditTarget::Other => None,
+        }),
         has_media: e.has_media(),
+        unsupported: e.unsupported(),
         reaction: annotation.map(|(_, key)| key),
         body: e.body(),
         mentions_bot: e.mentions(bot),
@@ -100,7 +113,9 @@ pub async fn classify(
         waiting,
     });
     let disposition = match &decision {
-        Decision::Ignore(_) => Disposition::Skip,
+        Decision::Ignore(_) | Decision::Unsupported(_) | Decision::ReplaceQueued => {
+            Disposition::Skip
+        }
         Decision::Context => Disposition::Context,
         Decision::Trigger => Disposition::Trigger,
         Decision::WaitForKey => Disposition::Waiting,
@@ -118,11 +133,23 @@ pub async fn classify(
     } else {
         None
     };
-    let content = match disposition {
-        Disposition::Skip => None,
-        // The whole encrypted event: what decrypting it again needs.
-        Disposition::Waiting => serde_json::to_string(e).ok(),
-        _ => Some(e.content.to_string()),
+    let content = match (disposition, &edit) {
+        (Disposition::Trigger, Some((_, EditTarget::Ran(old), new))) => Some(
+            serde_json::json!({
+                "msgtype": "m.text",
+                "body": format!("I edited my message \"{old}\" to: {}", new.body()),
+            })
+            .to_string(),
+        ),
+        // What replaces a queued message's content (acted on in `act`).
+        (_, Some((_, EditTarget::Queued, new))) if decision == Decision::ReplaceQueued => {
+            Some(new.content.to_string())
+        }
+        _ => match disposition {
+            // The whole encrypted event: what decrypting it again needs.
+            Disposition::Waiting => serde_json::to_string(e).ok(),
+            _ => Some(e.content.to_string()),
+        },
     };
     let row = NewEvent {
         event_id: e.event_id.clone(),
@@ -136,6 +163,30 @@ pub async fn classify(
         disposition,
     };
     (row, decision)
+}
+
+/// For an edit (`m.replace`) with new content: the edited event, where it stands, and the new
+/// content as an event of its own.
+fn edit_of(ctx: &Ctx, e: &RawEvent) -> Option<(String, EditTarget, RawEvent)> {
+    if e.rel_type() != Some("m.replace") {
+        return None;
+    }
+    let target = e
+        .content
+        .get("m.relates_to")?
+        .get("event_id")?
+        .as_str()?
+        .to_owned();
+    let new_content = e.content.get("m.new_content")?.clone();
+    let standing = ctx
+        .journal
+        .edit_target(&target, &e.sender)
+        .unwrap_or(EditTarget::Other);
+    let new = RawEvent {
+        content: new_content,
+        ..e.clone()
+    };
+    Some((target, standing, new))
 }
 
 /// Whether `user_id` is a bot: configured as one, or seen posting notices.
@@ -206,13 +257,39 @@ pub type Pokes = BTreeMap<ChatId, ChatRef>;
 
 /// Acts on a journaled event: an answer goes to the waiting question or approval, a message to
 /// its lane (woken by [`wake`]).
-pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, body: &str, pokes: &mut Pokes) {
+pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &mut Pokes) {
+    let body = e.body();
     bot_loop_step(ctx, ev, &decision);
     match decision {
         Decision::Ignore(IgnoreReason::Notice) => ctx.bot_loops.saw_notice(&ev.sender),
         Decision::Ignore(reason) => {
             if ev.sender != ctx.config.user_id.as_str() {
                 debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
+            }
+        }
+        Decision::ReplaceQueued => {
+            let target = e
+                .content
+                .get("m.relates_to")
+                .and_then(|r| r.get("event_id"))
+                .and_then(|t| t.as_str());
+            let (Some(target), Some(new)) = (target, ev.content.as_deref()) else {
+                return;
+            };
+            match ctx.journal.replace_queued_content(target, new) {
+                Ok(replaced) => {
+                    info!(event_id = %ev.event_id, edited = %target, replaced, "edit of a queued message")
+                }
+                Err(e) => error!(error = %e, "journal write failed"),
+            }
+        }
+        Decision::Unsupported(kind) => {
+            info!(event_id = %ev.event_id, kind, "content the bot cannot read");
+            if ctx.bot_loops.first_notice(&ev.room_id, kind) {
+                let text = format!(
+                    "I cannot read a {kind} yet. Send a picture or a file, or say it in words."
+                );
+                notify(ctx, ev, text, "unsupported");
             }
         }
         Decision::Answer(question_id) => {
@@ -260,7 +337,7 @@ pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
         return;
     }
     let facts = RoomFacts::read(ctx, room).await;
-    let mut rows = Vec::with_capacity(events.len());
+    let mut rows: Vec<NewEvent> = Vec::with_capacity(events.len());
     let mut decisions = Vec::with_capacity(events.len());
     for e in &events {
         let (row, decision) = classify(ctx, room, &facts, e).await;
@@ -272,6 +349,18 @@ pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
                 session_id = %e.str_field("session_id"),
                 "message not decryptable yet; its chat waits for the room key"
             );
+        }
+        // An edit of a message in this very batch: the message is not journaled yet, so the
+        // edit's lookup found nothing; it takes the new text before it is recorded.
+        if let Some((target, _, new)) = edit_of(ctx, e)
+            && let Some(edited) = rows.iter_mut().find(|r| {
+                r.event_id == target
+                    && r.sender == e.sender
+                    && matches!(r.disposition, Disposition::Trigger | Disposition::Context)
+            })
+        {
+            info!(event_id = %e.event_id, edited = %target, "edit of a message in the same batch");
+            edited.content = Some(new.content.to_string());
         }
         rows.push(row);
         decisions.push(decision);
@@ -301,7 +390,7 @@ pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
     let mut pokes = Pokes::new();
     for (((row, decision), new), e) in rows.iter().zip(decisions).zip(inserted).zip(&events) {
         if new {
-            act(ctx, row, decision, e.body(), &mut pokes);
+            act(ctx, row, decision, e, &mut pokes);
         }
     }
     wake(ctx, pokes);

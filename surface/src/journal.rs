@@ -11,6 +11,7 @@
 //! prepared and waiting for the next trigger), `sent` (part of a stored turn not finished yet),
 //! `handled`.
 
+mod edits;
 mod sends;
 
 use std::path::Path;
@@ -20,6 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use protocol::{ChatId, ContextMessage, UserMessage};
 use rusqlite::{Connection, OptionalExtension, params};
 
+pub use edits::EditTarget;
 pub use sends::SendState;
 
 /// What [`crate::decide`] concluded for an event when it was recorded.

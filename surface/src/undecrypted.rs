@@ -144,7 +144,7 @@ async fn resolve(ctx: &Ctx, room: &Room, u: &Undecrypted, clear: &RawEvent, poke
                     thread_root: u.journaled.event.thread_root.clone(),
                 });
             }
-            ingest::act(ctx, &row, decision, clear.body(), pokes);
+            ingest::act(ctx, &row, decision, clear, pokes);
         }
         Ok(false) => {}
         Err(e) => error!(error = %e, "journal write failed; will try again"),

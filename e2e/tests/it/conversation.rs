@@ -9,6 +9,9 @@ use e2e::{E2eeUser, Homeserver, Received, Stack, StackOptions};
 use matrix_sdk::ruma::api::client::relations::get_relating_events_with_rel_type;
 use matrix_sdk::ruma::events::reaction::ReactionEventContent;
 use matrix_sdk::ruma::events::relation::{Annotation, RelationType};
+use matrix_sdk::ruma::events::room::ImageInfo;
+use matrix_sdk::ruma::events::room::message::{ReplacementMetadata, RoomMessageEventContent};
+use matrix_sdk::ruma::events::sticker::StickerEventContent;
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId};
 
 use crate::{PNG_3X2, TURN};
@@ -79,6 +82,21 @@ impl Dm {
             .iter()
             .filter(|e| e.get_field::<String>("sender").ok().flatten().as_deref() == Some(sender))
             .count()
+    }
+
+    fn room(&self) -> matrix_sdk::Room {
+        self.user
+            .client()
+            .get_room(&OwnedRoomId::try_from(self.room.as_str()).unwrap())
+            .unwrap()
+    }
+
+    /// Edits `event` to say `text`, as Element does (`m.replace` with `m.new_content`).
+    async fn edit(&self, event: &str, text: &str) {
+        let target = OwnedEventId::try_from(event).unwrap();
+        let content = RoomMessageEventContent::text_plain(text)
+            .make_replacement(ReplacementMetadata::new(target, None));
+        self.room().send(content).await.expect("edit");
     }
 
     async fn react(&self, event: &str, key: &str) {
@@ -165,4 +183,82 @@ async fn approvals_by_reaction_and_a_file_while_a_prompt_waits() {
         .wait_edit(&prompt2.event_id, "the denial on the prompt")
         .await;
     assert!(edit2.body.contains("Denied"), "{}", edit2.body);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn edits_and_stickers() {
+    let dm = Dm::start().await;
+    let bot = dm.stack.bot.user_id.clone();
+
+    // An edit of a message that already ran is a follow-up, answered under it.
+    let first = dm.user.send_text(&dm.room, "frist words").await.unwrap();
+    dm.wait_bot(&first, "the first answer", |m| {
+        m.body.contains("frist words")
+    })
+    .await;
+    dm.edit(&first, "first words").await;
+    let follow_up = dm
+        .wait_bot(&first, "the follow-up to the edit", |m| {
+            m.body.contains("to: first words")
+        })
+        .await;
+    assert!(follow_up.body.contains("frist words"), "{}", follow_up.body);
+
+    // An edit of a message still queued (behind a slow turn) replaces its text.
+    let slow = dm.user.send_text(&dm.room, "sleep 4000").await.unwrap();
+    let queued = dm.user.send_text(&dm.room, "helo").await.unwrap();
+    dm.edit(&queued, "hello, fixed").await;
+    dm.wait_bot(&slow, "the slow turn", |m| m.body.contains("Slept"))
+        .await;
+    let answer = dm
+        .wait_bot(&queued, "the queued message's answer", |m| {
+            m.body.contains("received")
+        })
+        .await;
+    assert!(
+        answer.body.contains("hello, fixed"),
+        "the edited text: {}",
+        answer.body
+    );
+
+    // A sticker gets one short notice; a second one does not repeat it.
+    let mxc = dm
+        .user
+        .client()
+        .media()
+        .upload(&mime::IMAGE_PNG, hex::decode(PNG_3X2).unwrap(), None)
+        .await
+        .unwrap()
+        .content_uri;
+    for _ in 0..2 {
+        dm.room()
+            .send(StickerEventContent::new(
+                "a cat".into(),
+                ImageInfo::new(),
+                mxc.clone(),
+            ))
+            .await
+            .expect("sticker");
+    }
+    let told = dm
+        .user
+        .wait_for(TURN, "the sticker notice", || async {
+            let all = dm.user.messages_from(&dm.room, &bot).await.ok()?;
+            let n = all
+                .iter()
+                .filter(|m| m.body.contains("cannot read a sticker"))
+                .count();
+            (n > 0).then_some(n)
+        })
+        .await
+        .unwrap();
+    // Give a second notice the time to appear if it were going to.
+    dm.user.send_text(&dm.room, "help").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all = dm.user.messages_from(&dm.room, &bot).await.unwrap();
+    let n = all
+        .iter()
+        .filter(|m| m.body.contains("cannot read a sticker"))
+        .count();
+    assert_eq!((told, n), (1, 1), "one notice for two stickers");
 }

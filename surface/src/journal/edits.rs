@@ -1,0 +1,114 @@
+//! What an edit (`m.replace`) finds when it looks up the message it edits, and the one change
+//! it may make: a message not processed yet takes the new content.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{Journal, Result};
+
+/// Where an edited message stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EditTarget {
+    /// Journaled and not processed yet: the edit replaces its content.
+    Queued,
+    /// Already a turn (running or done): the edit is a follow-up. Its old text.
+    Ran(String),
+    /// Not known, not the editor's message, or nothing an edit changes (context, answers).
+    Other,
+}
+
+impl Journal {
+    /// Where message `event_id` stands, for an edit by `sender` (only its author may edit it).
+    pub fn edit_target(&self, event_id: &str, sender: &str) -> Result<EditTarget> {
+        let conn = self.conn();
+        let row: Option<(String, String, String, Option<String>)> = conn
+            .query_row(
+                "SELECT sender, disposition, state, content FROM events WHERE event_id = ?1",
+                params![event_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let Some((author, disposition, state, content)) = row else {
+            return Ok(EditTarget::Other);
+        };
+        if author != sender {
+            return Ok(EditTarget::Other);
+        }
+        Ok(match (disposition.as_str(), state.as_str()) {
+            ("trigger" | "context", "pending") => EditTarget::Queued,
+            ("trigger", "sent" | "handled") => {
+                let body = content
+                    .and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok())
+                    .and_then(|v| v.get("body").and_then(|b| b.as_str()).map(str::to_owned))
+                    .unwrap_or_default();
+                EditTarget::Ran(body)
+            }
+            _ => EditTarget::Other,
+        })
+    }
+
+    /// Gives message `event_id` new `content` if it is still waiting to be processed. Returns
+    /// whether it did.
+    pub fn replace_queued_content(&self, event_id: &str, content: &str) -> Result<bool> {
+        let n = self.conn().execute(
+            "UPDATE events SET content = ?2 WHERE event_id = ?1 AND state = 'pending'",
+            params![event_id, content],
+        )?;
+        Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{Disposition, NewEvent};
+    use protocol::ChatId;
+
+    fn event(id: &str, sender: &str, disposition: Disposition) -> NewEvent {
+        NewEvent {
+            event_id: id.into(),
+            room_id: "!r:hs".into(),
+            chat_id: Some(ChatId::for_conversation("!r:hs", None)),
+            thread_root: None,
+            sender: sender.into(),
+            sender_name: None,
+            origin_ts: 1,
+            content: Some(r#"{"msgtype":"m.text","body":"helo"}"#.into()),
+            disposition,
+        }
+    }
+
+    #[test]
+    fn where_an_edited_message_stands() {
+        let j = Journal::in_memory().unwrap();
+        j.record(
+            "!r:hs",
+            &[
+                event("$t", "@a:hs", Disposition::Trigger),
+                event("$c", "@a:hs", Disposition::Context),
+                event("$s", "@a:hs", Disposition::Skip),
+            ],
+        )
+        .unwrap();
+        assert_eq!(j.edit_target("$t", "@a:hs").unwrap(), EditTarget::Queued);
+        assert_eq!(
+            j.edit_target("$t", "@b:hs").unwrap(),
+            EditTarget::Other,
+            "not the author"
+        );
+        assert_eq!(j.edit_target("$s", "@a:hs").unwrap(), EditTarget::Other);
+        assert_eq!(j.edit_target("$nope", "@a:hs").unwrap(), EditTarget::Other);
+        assert!(
+            j.replace_queued_content("$t", r#"{"msgtype":"m.text","body":"hello"}"#)
+                .unwrap()
+        );
+        j.mark_handled("$t").unwrap();
+        assert_eq!(
+            j.edit_target("$t", "@a:hs").unwrap(),
+            EditTarget::Ran("hello".into())
+        );
+        assert!(
+            !j.replace_queued_content("$t", "{}").unwrap(),
+            "too late to replace"
+        );
+    }
+}
