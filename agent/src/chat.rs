@@ -175,13 +175,13 @@ impl Chat {
         self.state.lock().await.log.finish(end).await
     }
 
-    /// Whether the user allowed `(tool, resource)` for good in this chat.
-    pub async fn is_always_allowed(&self, key: &(String, String)) -> bool {
-        self.state.lock().await.log.is_always_allowed(key)
+    /// Whether `user` allowed `(tool, resource)` for good in this chat.
+    pub async fn is_always_allowed(&self, user: &str, key: &(String, String)) -> bool {
+        self.state.lock().await.log.is_always_allowed(user, key)
     }
 
-    /// Remembers durably that the user allowed `(tool, resource)` for good.
-    pub async fn allow_always(&self, key: (String, String)) -> Result<(), StoreError> {
-        self.state.lock().await.log.allow_always(key).await
+    /// Remembers durably that `user` allowed `(tool, resource)` for good.
+    pub async fn allow_always(&self, user: &str, key: (String, String)) -> Result<(), StoreError> {
+        self.state.lock().await.log.allow_always(user, key).await
     }
 }

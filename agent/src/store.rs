@@ -273,7 +273,14 @@ impl Store {
             push_line(&mut out, &Entry::Turn(turn));
         }
         for (tool, resource) in record.always_allowed {
-            push_line(&mut out, &Entry::Allow { tool, resource });
+            push_line(
+                &mut out,
+                &Entry::Allow {
+                    tool,
+                    resource,
+                    user: None,
+                },
+            );
         }
         write_atomic(&self.chats, path, &out).map_err(Self::io(path))?;
         remove_durably(&self.chats, legacy).map_err(Self::io(legacy))?;
@@ -336,7 +343,9 @@ mod tests {
                 .unwrap();
         }
         log.finish(end("$1", "one")).await.unwrap();
-        log.allow_always(("t".into(), "r".into())).await.unwrap();
+        log.allow_always("@a:x", ("t".into(), "r".into()))
+            .await
+            .unwrap();
 
         let log = Store::open(dir.path()).unwrap().load(&chat).unwrap();
         assert!(log.contains("$2").await.unwrap());
@@ -344,7 +353,11 @@ mod tests {
         assert_eq!(log.seqs().collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(log.pending(), ["$2", "$3"]);
         assert_eq!(log.room_id(), Some("!r:x"));
-        assert!(log.is_always_allowed(&("t".into(), "r".into())));
+        assert!(log.is_always_allowed("@a:x", &("t".into(), "r".into())));
+        assert!(
+            !log.is_always_allowed("@b:x", &("t".into(), "r".into())),
+            "per user"
+        );
         assert_eq!(log.turn("$1").await.unwrap().unwrap().output, "one");
         assert!(log.begin("$1").await.unwrap().is_none(), "finished");
         let (turn, history) = log.begin("$3").await.unwrap().unwrap();
@@ -442,7 +455,8 @@ mod tests {
             assert_eq!(log.seqs().collect::<Vec<_>>(), [1, 2]);
             assert_eq!(log.pending(), ["$2"]);
             assert_eq!(log.room_id(), Some("!r:x"));
-            assert!(log.is_always_allowed(&("t".into(), "r".into())));
+            // A grant from before grants were per user counts for everyone in the chat.
+            assert!(log.is_always_allowed("@anyone:x", &("t".into(), "r".into())));
             assert_eq!(log.turn("$1").await.unwrap().unwrap().output, "answer");
             let (_, history) = log.begin("$2").await.unwrap().unwrap();
             assert_eq!((history.earlier, history.attachments), (1, 1));

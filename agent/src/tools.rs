@@ -85,6 +85,8 @@ pub struct ToolCx<'a> {
     pub ws: &'a ScopedWorkspace,
     /// The running turn.
     pub turn: &'a str,
+    /// The user whose message started the turn (the one asked for approvals).
+    pub user: &'a str,
     /// The way to the surface (emit messages, ask, approve).
     pub link: &'a Link,
 }
@@ -340,7 +342,7 @@ impl Registry {
             Policy::Deny => return Err(ToolError::Denied(tool.name())),
             Policy::Ask => {
                 let key = (tool.name().to_owned(), resource.clone());
-                let decision = if cx.link.chat.is_always_allowed(&key).await {
+                let decision = if cx.link.chat.is_always_allowed(cx.user, &key).await {
                     Decision::AllowAlways
                 } else if let Some(d) = grants.get(&key) {
                     *d
@@ -352,7 +354,7 @@ impl Registry {
                         .map_err(|_| ToolError::Disconnected)?;
                     grants.insert(key.clone(), d);
                     if d == Decision::AllowAlways
-                        && let Err(e) = cx.link.chat.allow_always(key).await
+                        && let Err(e) = cx.link.chat.allow_always(cx.user, key).await
                     {
                         warn!(error = %e, "could not remember the approval");
                     }

@@ -19,6 +19,8 @@ pub struct TurnIo {
     ws: ScopedWorkspace,
     registry: Arc<Registry>,
     turn: String,
+    /// Who started the turn.
+    user: String,
     grants: TurnGrants,
     output: String,
     sent_files: Vec<WorkspacePath>,
@@ -26,12 +28,19 @@ pub struct TurnIo {
 
 impl TurnIo {
     /// A turn's I/O.
-    pub fn new(link: Link, ws: ScopedWorkspace, registry: Arc<Registry>, turn: String) -> Self {
+    pub fn new(
+        link: Link,
+        ws: ScopedWorkspace,
+        registry: Arc<Registry>,
+        turn: String,
+        user: String,
+    ) -> Self {
         Self {
             link,
             ws,
             registry,
             turn,
+            user,
             grants: TurnGrants::new(),
             output: String::new(),
             sent_files: Vec::new(),
@@ -73,6 +82,7 @@ impl TurnIo {
         let cx = ToolCx {
             ws: &self.ws,
             turn: &self.turn,
+            user: &self.user,
             link: &self.link,
         };
         let outcome = self

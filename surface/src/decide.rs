@@ -45,6 +45,8 @@ pub struct Facts<'a> {
     pub is_notice: bool,
     /// The event edits another one (`m.replace`).
     pub is_edit: bool,
+    /// The event is an `m.room.redaction` (the server checked who may redact what).
+    pub is_redaction: bool,
     /// For an edit by the message's author: where the edited message stands.
     pub edited: Option<Edited>,
     /// The message carries a file (`m.image`, `m.file`, `m.audio`, `m.video`): it is a new
@@ -63,6 +65,8 @@ pub struct Facts<'a> {
     pub reply_to_bot: bool,
     /// The room has at most two joined members.
     pub direct_chat: bool,
+    /// The room's moderators set the bot to answer every message, not only mentions.
+    pub every_message: bool,
     /// What the bot waits for from this sender here, if anything.
     pub waiting: Option<Waiting>,
 }
@@ -110,8 +114,16 @@ pub enum Decision {
     WaitForKey,
     /// The answer to question `question_id`.
     Answer(String),
+    /// A redaction: the redacted message's files leave the inbox, and its chat is told.
+    Redaction,
     /// An edit of a message not processed yet: it takes the new text.
     ReplaceQueued,
+    /// `!mode all` / `!mode mentions` addressed to the bot: change how it is triggered here (the
+    /// caller checks that the sender moderates the room).
+    SetMode {
+        /// Answer every message (`all`) or only mentions.
+        every_message: bool,
+    },
     /// Something the bot cannot read yet, sent to it: say so (once).
     Unsupported(&'static str),
     /// The decision on approval `request_id`.
@@ -130,6 +142,9 @@ pub fn decide(f: &Facts<'_>) -> Decision {
     }
     if !f.room_allowed {
         return Decision::Ignore(IgnoreReason::RoomNotAllowed);
+    }
+    if f.is_redaction {
+        return Decision::Redaction;
     }
     // Whether an undecryptable event is a message at all is known only once its key arrives;
     // until then it keeps its place, so later messages are not answered first.
@@ -186,7 +201,11 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         }
         None => {}
     }
-    if f.direct_chat || f.mentions_bot || f.reply_to_bot || body_mentions_bot(f) {
+    let addressed = f.direct_chat || f.mentions_bot || f.reply_to_bot || body_mentions_bot(f);
+    if addressed && let Some(every_message) = mode_command(f) {
+        return Decision::SetMode { every_message };
+    }
+    if addressed || f.every_message {
         if f.sender_is_bot && f.bot_streak >= f.max_bot_turns {
             return Decision::Ignore(IgnoreReason::BotLoop);
         }
@@ -207,6 +226,17 @@ pub fn parse_approval(body: &str) -> ApprovalChoice {
         "yes" | "y" | "ok" | "allow" | "approve" | "approved" => ApprovalChoice::AllowOnce,
         "always" | "yes always" | "always allow" => ApprovalChoice::AllowAlways,
         _ => ApprovalChoice::Deny,
+    }
+}
+
+/// `!mode all` or `!mode mentions` (after the mention of the bot), as the mode it asks for.
+fn mode_command(f: &Facts<'_>) -> Option<bool> {
+    let text = without_mention(f.body, f.bot_user_id, f.bot_display_name);
+    let arg = text.strip_prefix("!mode")?.trim();
+    match arg.to_lowercase().as_str() {
+        "all" | "every" | "everything" => Some(true),
+        "mention" | "mentions" => Some(false),
+        _ => None,
     }
 }
 
@@ -436,6 +466,53 @@ mod tests {
                 Decision::Context,
             ),
             ("empty body in group", |f| f.body = "", Decision::Context),
+            (
+                "every message in a room set so",
+                |f| f.every_message = true,
+                Decision::Trigger,
+            ),
+            (
+                "!mode all with a mention",
+                |f| {
+                    f.mentions_bot = true;
+                    f.body = "bot: !mode all";
+                },
+                Decision::SetMode {
+                    every_message: true,
+                },
+            ),
+            (
+                "!mode mentions in a DM",
+                |f| {
+                    f.direct_chat = true;
+                    f.body = "!mode mentions";
+                },
+                Decision::SetMode {
+                    every_message: false,
+                },
+            ),
+            (
+                "!mode without a mention in a group is just context",
+                |f| f.body = "!mode all",
+                Decision::Context,
+            ),
+            (
+                "!mode with something unknown is a message",
+                |f| {
+                    f.direct_chat = true;
+                    f.body = "!mode loud";
+                },
+                Decision::Trigger,
+            ),
+            (
+                "a redaction, whoever made it",
+                |f| {
+                    f.is_redaction = true;
+                    f.is_message = false;
+                    f.sender_allowed = false;
+                },
+                Decision::Redaction,
+            ),
             (
                 "an edit of a queued message",
                 |f| {

@@ -26,6 +26,10 @@ pub struct RawEvent {
     /// Unsigned data (`prev_content` for membership transitions).
     #[serde(default)]
     pub unsigned: serde_json::Value,
+    /// For a redaction in room versions before 11: the redacted event (later versions put it
+    /// in the content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacts: Option<String>,
 }
 
 impl RawEvent {
@@ -84,6 +88,16 @@ impl RawEvent {
             ("m.poll.start" | "org.matrix.msc3381.poll.start", _) => Some("poll"),
             _ => None,
         }
+    }
+
+    /// For an `m.room.redaction`: the event it redacts.
+    pub fn redacted_event(&self) -> Option<&str> {
+        if self.kind != "m.room.redaction" {
+            return None;
+        }
+        self.redacts
+            .as_deref()
+            .or_else(|| self.content.get("redacts")?.as_str())
     }
 
     /// Whether the message carries a file (`m.image`, `m.file`, `m.audio`, `m.video`).

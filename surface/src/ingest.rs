@@ -30,6 +30,8 @@ pub struct RoomFacts {
     pub bot_display_name: Option<String>,
     /// The room (by id or one of its aliases) matches `SURFACE_ALLOWED_ROOMS`.
     pub allowed: bool,
+    /// Its moderators set the bot to answer every message.
+    pub every_message: bool,
 }
 
 impl RoomFacts {
@@ -51,6 +53,10 @@ impl RoomFacts {
             allowed: ctx
                 .config
                 .is_room_allowed(room.room_id().as_str(), aliases.iter().map(String::as_str)),
+            every_message: ctx
+                .journal
+                .every_message(room.room_id().as_str())
+                .unwrap_or(false),
         }
     }
 }
@@ -84,6 +90,14 @@ pub async fn classify(
         Some((target, EditTarget::Ran(_), _)) => Some(target.clone()),
         _ => thread_root,
     };
+    // A redaction: the message it removes, as the journal knows it.
+    let redacted = e
+        .redacted_event()
+        .and_then(|t| ctx.journal.redaction_target(t).ok().flatten());
+    let thread_root = match &redacted {
+        Some(r) => r.thread_root.clone(),
+        None => thread_root,
+    };
     let chat = ChatId::for_conversation(room_id, thread_root.as_deref());
     let decision = decide::decide(&Facts {
         bot_user_id: bot,
@@ -98,6 +112,7 @@ pub async fn classify(
         undecryptable: e.is_undecryptable(),
         is_notice: e.msgtype() == "m.notice",
         is_edit: e.rel_type() == Some("m.replace"),
+        is_redaction: e.redacted_event().is_some(),
         edited: edit.as_ref().and_then(|(_, t, _)| match t {
             EditTarget::Queued => Some(decide::Edited::Queued),
             EditTarget::Ran(_) => Some(decide::Edited::Ran),
@@ -110,12 +125,19 @@ pub async fn classify(
         mentions_bot: e.mentions(bot),
         reply_to_bot,
         direct_chat: facts.members <= 2,
+        every_message: facts.every_message,
         waiting,
     });
     let disposition = match &decision {
-        Decision::Ignore(_) | Decision::Unsupported(_) | Decision::ReplaceQueued => {
-            Disposition::Skip
-        }
+        Decision::Ignore(_)
+        | Decision::Unsupported(_)
+        | Decision::ReplaceQueued
+        | Decision::SetMode { .. } => Disposition::Skip,
+        // The agent hears of removed files with the chat's next turn.
+        Decision::Redaction => match &redacted {
+            Some(r) if !r.attachments.is_empty() => Disposition::Context,
+            _ => Disposition::Skip,
+        },
         Decision::Context => Disposition::Context,
         Decision::Trigger => Disposition::Trigger,
         Decision::WaitForKey => Disposition::Waiting,
@@ -134,6 +156,23 @@ pub async fn classify(
         None
     };
     let content = match (disposition, &edit) {
+        (Disposition::Context, _) if decision == Decision::Redaction => {
+            let names: Vec<&str> = redacted
+                .iter()
+                .flat_map(|r| &r.attachments)
+                .map(|p| protocol::original_name(p.file_name()))
+                .collect();
+            Some(
+                serde_json::json!({
+                    "msgtype": "m.text",
+                    "body": format!(
+                        "(I deleted a message I sent; its file {} was removed from the inbox.)",
+                        names.join(", ")
+                    ),
+                })
+                .to_string(),
+            )
+        }
         (Disposition::Trigger, Some((_, EditTarget::Ran(old), new))) => Some(
             serde_json::json!({
                 "msgtype": "m.text",
@@ -155,7 +194,8 @@ pub async fn classify(
         event_id: e.event_id.clone(),
         room_id: room_id.to_owned(),
         chat_id: keep.then(|| ChatId::for_conversation(room_id, thread_root.as_deref())),
-        thread_root: if keep { thread_root } else { None },
+        // Kept for skipped events too: a notice about one goes to its thread.
+        thread_root,
         sender: e.sender.clone(),
         sender_name,
         origin_ts: e.origin_server_ts,
@@ -187,6 +227,78 @@ fn edit_of(ctx: &Ctx, e: &RawEvent) -> Option<(String, EditTarget, RawEvent)> {
         ..e.clone()
     };
     Some((target, standing, new))
+}
+
+/// The power level a sender needs to change how the bot is triggered in a room (moderator).
+const MODE_POWER_LEVEL: i64 = 50;
+
+/// `!mode`: a room moderator switches the bot between answering mentions and every message;
+/// anyone else is told who may. In the background (the power level is looked up).
+fn set_mode(ctx: &Ctx, ev: &NewEvent, every_message: bool) {
+    let (Ok(room_id), Ok(user)) = (
+        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
+        matrix_sdk::ruma::OwnedUserId::try_from(ev.sender.as_str()),
+    ) else {
+        return;
+    };
+    let Some(room) = ctx.client.get_room(&room_id) else {
+        return;
+    };
+    let (ctx2, ev2) = (ctx.clone(), ev.clone());
+    ctx.tracker.spawn(async move {
+        let level = match room.get_member_no_sync(&user).await {
+            Ok(Some(m)) => match m.power_level() {
+                matrix_sdk::ruma::events::room::power_levels::UserPowerLevel::Infinite => i64::MAX,
+                matrix_sdk::ruma::events::room::power_levels::UserPowerLevel::Int(n) => n.into(),
+                _ => 0,
+            },
+            _ => 0,
+        };
+        let text = if level < MODE_POWER_LEVEL {
+            info!(room_id = %ev2.room_id, sender = %ev2.sender, level, "!mode refused");
+            "Only the room's moderators can change when I answer here.".to_owned()
+        } else {
+            match ctx2.journal.set_every_message(&ev2.room_id, every_message) {
+                Ok(()) => {
+                    info!(room_id = %ev2.room_id, sender = %ev2.sender, every_message, "room mode set");
+                    if every_message {
+                        "From now on I answer every message in this room (`!mode mentions` to undo)."
+                            .to_owned()
+                    } else {
+                        "From now on I answer only when mentioned here (`!mode all` to undo)."
+                            .to_owned()
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "journal write failed");
+                    "I could not save that setting; try again.".to_owned()
+                }
+            }
+        };
+        notify(&ctx2, &ev2, text, "mode");
+    });
+}
+
+/// Carries out redaction `e`: the redacted message is not processed if it still waited, and the
+/// files it brought leave the inbox.
+fn redact(ctx: &Ctx, e: &RawEvent) {
+    let Some(target) = e.redacted_event() else {
+        return;
+    };
+    let dropped = ctx.journal.drop_pending(target).unwrap_or(false);
+    let files = match ctx.journal.redaction_target(target) {
+        Ok(Some(r)) => r.attachments,
+        _ => Vec::new(),
+    };
+    let mut removed = 0;
+    for path in &files {
+        match ctx.workspace.remove_inbox_file(path) {
+            Ok(true) => removed += 1,
+            Ok(false) => {}
+            Err(err) => warn!(error = %err, path = %path, "could not remove a redacted file"),
+        }
+    }
+    info!(event_id = %e.event_id, redacted = %target, dropped, removed, "redaction");
 }
 
 /// Whether `user_id` is a bot: configured as one, or seen posting notices.
@@ -265,6 +377,17 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
         Decision::Ignore(reason) => {
             if ev.sender != ctx.config.user_id.as_str() {
                 debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
+            }
+        }
+        Decision::SetMode { every_message } => set_mode(ctx, ev, every_message),
+        Decision::Redaction => {
+            redact(ctx, e);
+            if let Some(chat) = &ev.chat_id {
+                pokes.entry(chat.clone()).or_insert_with(|| ChatRef {
+                    chat_id: chat.clone(),
+                    room_id: ev.room_id.clone(),
+                    thread_root: ev.thread_root.clone(),
+                });
             }
         }
         Decision::ReplaceQueued => {

@@ -12,7 +12,9 @@
 //! `handled`.
 
 mod edits;
+mod redactions;
 mod sends;
+mod settings;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -22,6 +24,7 @@ use protocol::{ChatId, ContextMessage, UserMessage};
 use rusqlite::{Connection, OptionalExtension, params};
 
 pub use edits::EditTarget;
+pub use redactions::Redacted;
 pub use sends::SendState;
 
 /// What [`crate::decide`] concluded for an event when it was recorded.
@@ -193,6 +196,10 @@ CREATE TABLE IF NOT EXISTS sends(
 );
 CREATE INDEX IF NOT EXISTS sends_event ON sends(event_id);
 CREATE INDEX IF NOT EXISTS sends_thread ON sends(thread_root);
+CREATE TABLE IF NOT EXISTS room_settings(
+    room_id TEXT PRIMARY KEY,
+    every_message INTEGER NOT NULL DEFAULT 0
+);
 "#;
 
 fn now_ms() -> i64 {

@@ -450,6 +450,30 @@ impl Workspace {
             .map_err(|e| WorkspaceError::io("move", path, io::Error::other(e)))
     }
 
+    /// Removes a file from an inbox (its message was redacted). Only a plain name directly in
+    /// a `surfaces/matrix/<user>/<room>/inbox/` folder is removed, reached without following
+    /// links; returns whether a file was removed.
+    pub fn remove_inbox_file(&self, path: &WorkspacePath) -> Result<bool, WorkspaceError> {
+        let parts: Vec<&str> = path.components().collect();
+        let root: Vec<String> = surface_root().components().map(str::to_owned).collect();
+        let in_inbox = parts.len() == root.len() + 4
+            && parts.iter().zip(&root).all(|(a, b)| a == b)
+            && parts[root.len() + 2] == "inbox";
+        if !in_inbox {
+            return Ok(false);
+        }
+        let (dir, name) = match confine::open_parent(&self.dir, path) {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(WorkspaceError::io("open folder", path, e.into())),
+        };
+        match dir.remove_file(name) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(WorkspaceError::io("remove", path, e)),
+        }
+    }
+
     /// Removes temporary downloads (`.partial-*`) left in any inbox by a crash. Call at start-up,
     /// before downloads begin. Returns how many were removed.
     pub fn remove_partials(&self) -> usize {
@@ -707,6 +731,18 @@ mod tests {
         let planted = std::fs::symlink_metadata(inbox_abs.join("planted")).unwrap();
         assert!(planted.file_type().is_symlink());
         assert_eq!(std::fs::read(inbox_abs.join("fresh")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn only_inbox_files_are_removed_for_a_redaction() {
+        let f = fixture();
+        let inbox = f.write(&f.inbox("x-cat.png"), b"cat");
+        let chat = f.write(&f.chat("notes.txt"), b"n");
+        assert!(f.ws.remove_inbox_file(&inbox).unwrap());
+        assert!(!inbox.to_path_under(&f.root).exists());
+        assert!(!f.ws.remove_inbox_file(&inbox).unwrap(), "already gone");
+        assert!(!f.ws.remove_inbox_file(&chat).unwrap(), "not an inbox file");
+        assert!(chat.to_path_under(&f.root).exists());
     }
 
     #[test]

@@ -119,7 +119,13 @@ async fn run_turn(
     };
     let turn_cancel = conn_cancel.child_token();
     *running.lock().unwrap_or_else(|e| e.into_inner()) = Some((id.to_owned(), turn_cancel.clone()));
-    let mut io = TurnIo::new(link.clone(), ws, app.registry.clone(), id.to_owned());
+    let mut io = TurnIo::new(
+        link.clone(),
+        ws,
+        app.registry.clone(),
+        id.to_owned(),
+        turn.sender.user_id.clone(),
+    );
     let input = TurnInput {
         chat_id: chat.id.clone(),
         turn,

@@ -20,9 +20,13 @@ pub(super) enum Entry {
     },
     Turn(TurnRecord),
     End(TurnEnd),
+    /// `allow_always` for `(tool, resource)`, by `user` (lines from before per-user grants have
+    /// no user and count for the whole chat).
     Allow {
         tool: String,
         resource: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
 }
 
@@ -54,6 +58,8 @@ pub(super) enum Probe {
     Allow {
         tool: String,
         resource: String,
+        #[serde(default)]
+        user: Option<String>,
     },
 }
 

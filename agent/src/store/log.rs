@@ -44,7 +44,8 @@ pub struct ChatLog {
     attachments: u64,
     room_id: Option<String>,
     thread_root: Option<String>,
-    always_allowed: BTreeSet<(String, String)>,
+    /// `(user, tool, resource)` allowed for good; no user: for the whole chat (older lines).
+    always_allowed: BTreeSet<(Option<String>, String, String)>,
 }
 
 pub(super) fn id_hash(id: &str) -> u64 {
@@ -176,8 +177,12 @@ impl ChatLog {
                     }
                 }
             }
-            Probe::Allow { tool, resource } => {
-                self.always_allowed.insert((tool, resource));
+            Probe::Allow {
+                tool,
+                resource,
+                user,
+            } => {
+                self.always_allowed.insert((user, tool, resource));
             }
         }
         Ok(())
@@ -401,19 +406,33 @@ impl ChatLog {
         self.room_id.as_deref()
     }
 
-    /// Whether the user allowed `(tool, resource)` for good.
-    pub fn is_always_allowed(&self, key: &(String, String)) -> bool {
-        self.always_allowed.contains(key)
+    /// Whether `user` allowed `(tool, resource)` for good here (or a grant from before grants
+    /// were per user covers it).
+    pub fn is_always_allowed(&self, user: &str, key: &(String, String)) -> bool {
+        let (tool, resource) = key.clone();
+        self.always_allowed
+            .contains(&(Some(user.to_owned()), tool.clone(), resource.clone()))
+            || self.always_allowed.contains(&(None, tool, resource))
     }
 
-    /// Remembers durably that the user allowed `(tool, resource)` for good.
-    pub async fn allow_always(&mut self, key: (String, String)) -> Result<(), StoreError> {
-        if self.always_allowed.contains(&key) {
+    /// Remembers durably that `user` allowed `(tool, resource)` for good.
+    pub async fn allow_always(
+        &mut self,
+        user: &str,
+        key: (String, String),
+    ) -> Result<(), StoreError> {
+        if self.is_always_allowed(user, &key) {
             return Ok(());
         }
-        let (tool, resource) = key.clone();
-        self.append(&[Entry::Allow { tool, resource }]).await?;
-        self.always_allowed.insert(key);
+        let (tool, resource) = key;
+        self.append(&[Entry::Allow {
+            tool: tool.clone(),
+            resource: resource.clone(),
+            user: Some(user.to_owned()),
+        }])
+        .await?;
+        self.always_allowed
+            .insert((Some(user.to_owned()), tool, resource));
         Ok(())
     }
 }

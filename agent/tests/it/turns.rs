@@ -281,6 +281,21 @@ async fn approvals_each_decision_and_always_is_remembered() {
     // Another resource still asks.
     let other = approve_with(&mut c, 6, "something else", Decision::Deny).await;
     assert!(other.contains("Denied"), "{other}");
+
+    // `always` was Alice's: Bob, in the same chat, is asked for the same action.
+    let mut bobs = message(7, "$a7", "approve launch");
+    bobs.sender.user_id = "@bob:test.local".into();
+    c.submit(bobs).await;
+    let asked = c
+        .until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+        .await;
+    assert!(
+        asked
+            .messages
+            .iter()
+            .any(|m| matches!(m, ToSurface::ApprovalRequest(r) if r.resource == "launch")),
+        "Bob is asked"
+    );
 }
 
 #[tokio::test]

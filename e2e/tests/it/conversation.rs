@@ -262,3 +262,41 @@ async fn edits_and_stickers() {
         .count();
     assert_eq!((told, n), (1, 1), "one notice for two stickers");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redacted_file_leaves_the_inbox_and_the_agent_is_told() {
+    let dm = Dm::start().await;
+    let png = hex::decode(PNG_3X2).unwrap();
+    let file = dm
+        .user
+        .send_file(&dm.room, "secret.png", "image/png", png, None)
+        .await
+        .unwrap();
+    dm.wait_bot(&file, "the file's description", |m| m.body.contains("3x2"))
+        .await;
+    let inbox = format!("{}/inbox/", protocol::room_dir(&dm.user.user_id, &dm.room));
+    assert_eq!(dm.stack.files_under(&inbox).len(), 1);
+
+    let target = OwnedEventId::try_from(file.as_str()).unwrap();
+    dm.room()
+        .redact(&target, Some("sent by mistake"), None)
+        .await
+        .expect("redact");
+    e2e::eventually(TURN, "the file removed from the inbox", || async {
+        dm.stack.files_under(&inbox).is_empty().then_some(())
+    })
+    .await;
+
+    // The agent hears of it with the next turn.
+    let next = dm.user.send_text(&dm.room, "history").await.unwrap();
+    dm.wait_bot(&next, "the next answer", |_| true).await;
+    let turn = dm
+        .stack
+        .agent_turn(&next)
+        .expect("the agent stored the turn");
+    let context = turn["context"].to_string();
+    assert!(
+        context.contains("secret.png") && context.contains("removed"),
+        "{context}"
+    );
+}

@@ -11,6 +11,7 @@ mod files_in;
 mod files_out;
 mod first_sight;
 mod flood;
+mod group;
 mod hostile;
 mod large;
 mod late_keys;
