@@ -300,3 +300,100 @@ async fn a_redacted_file_leaves_the_inbox_and_the_agent_is_told() {
         "{context}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prompt_still_works_after_either_process_restarts() {
+    let mut dm = Dm::start().await;
+
+    // The surface is killed while a prompt waits; the reaction comes after it is back.
+    let ask = dm
+        .user
+        .send_text(&dm.room, "approve across restarts")
+        .await
+        .unwrap();
+    let prompt = dm
+        .wait_bot(&ask, "the prompt", |m| m.body.contains("Approval needed"))
+        .await;
+    dm.stack.surface.kill9().await;
+    dm.stack.surface.start().unwrap();
+    dm.stack.wait_surface_healthy().await;
+    dm.react(&prompt.event_id, "✅").await;
+    dm.wait_bot(&ask, "the approval after a surface restart", |m| {
+        m.body.contains("Approved: `across restarts`")
+    })
+    .await;
+
+    // The agent is killed while a prompt waits: the turn runs again, and the same prompt
+    // (not a second one) takes the answer.
+    let ask2 = dm
+        .user
+        .send_text(&dm.room, "approve after agent restart")
+        .await
+        .unwrap();
+    let prompt2 = dm
+        .wait_bot(&ask2, "the second prompt", |m| {
+            m.body.contains("Approval needed")
+        })
+        .await;
+    dm.stack.agent.kill9().await;
+    dm.stack.agent.start().unwrap();
+    dm.stack.wait_agent_healthy().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    dm.react(&prompt2.event_id, "✅").await;
+    dm.wait_bot(&ask2, "the approval after an agent restart", |m| {
+        m.body.contains("Approved: `after agent restart`")
+    })
+    .await;
+    let bot = dm.stack.bot.user_id.clone();
+    let prompts = dm
+        .user
+        .messages_from(&dm.room, &bot)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.answers() == Some(ask2.as_str()) && m.body.contains("Approval needed"))
+        .count();
+    assert_eq!(prompts, 1, "one prompt for the request");
+
+    // ♾️ is remembered for this user across restarts of both: no prompt the next time.
+    let ask3 = dm
+        .user
+        .send_text(&dm.room, "approve forever")
+        .await
+        .unwrap();
+    let prompt3 = dm
+        .wait_bot(&ask3, "the third prompt", |m| {
+            m.body.contains("Approval needed")
+        })
+        .await;
+    dm.react(&prompt3.event_id, "♾️").await;
+    dm.wait_bot(&ask3, "always", |m| m.body.contains("Approved: `forever`"))
+        .await;
+    dm.stack.agent.kill9().await;
+    dm.stack.surface.kill9().await;
+    dm.stack.agent.start().unwrap();
+    dm.stack.wait_agent_healthy().await;
+    dm.stack.surface.start().unwrap();
+    dm.stack.wait_surface_healthy().await;
+    let again = dm
+        .user
+        .send_text(&dm.room, "approve forever")
+        .await
+        .unwrap();
+    let answer = dm
+        .wait_bot(&again, "the answer", |m| m.body.contains("forever"))
+        .await;
+    assert!(
+        answer.body.contains("Approved: `forever`"),
+        "{}",
+        answer.body
+    );
+    let asked_again = dm
+        .user
+        .messages_from(&dm.room, &bot)
+        .await
+        .unwrap()
+        .iter()
+        .any(|m| m.answers() == Some(again.as_str()) && m.body.contains("Approval needed"));
+    assert!(!asked_again, "asked again after always");
+}

@@ -187,30 +187,43 @@ async fn group_room_mentions_context_threads_and_the_asked_user() {
     // Room modes: Bob (no power) may not switch the bot to every message; Alice (the room's
     // creator) may, and then plain messages are answered.
     let refused = g.mention(&g.bob, "!mode all").await;
-    g.answer(&refused, "the refusal", |m| m.body.contains("Only the room's moderators"))
-        .await;
+    g.answer(&refused, "the refusal", |m| {
+        m.body.contains("Only the room's moderators")
+    })
+    .await;
     let mode = g.mention(&g.alice, "!mode all").await;
-    g.answer(&mode, "the confirmation", |m| m.body.contains("every message")).await;
+    g.answer(&mode, "the confirmation", |m| {
+        m.body.contains("every message")
+    })
+    .await;
     let plain = g.alice.send_text(&g.room, "approve deploy").await.unwrap();
     let prompt = g
-        .answer(&plain, "a prompt without a mention", |m| m.body.contains("Approval needed"))
+        .answer(&plain, "a prompt without a mention", |m| {
+            m.body.contains("Approval needed")
+        })
         .await;
 
     // Bob's ✅ on Alice's prompt decides nothing; Alice's "yes" in the thread does.
     let room = g.room_of(&g.bob);
     let target = OwnedEventId::try_from(prompt.event_id.as_str()).unwrap();
-    room.send(ReactionEventContent::new(Annotation::new(target, "✅".into())))
-        .await
-        .expect("react");
+    room.send(ReactionEventContent::new(Annotation::new(
+        target,
+        "✅".into(),
+    )))
+    .await
+    .expect("react");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let all = g.alice.messages_from(&g.room, &bot).await.unwrap();
     assert!(
-        !all.iter().any(|m| m.answers() == Some(plain.as_str()) && m.body.contains("Approved")),
+        !all.iter()
+            .any(|m| m.answers() == Some(plain.as_str()) && m.body.contains("Approved")),
         "another user's reaction approved"
     );
     g.in_thread(&g.alice, &plain, "yes").await;
-    g.answer(&plain, "the approval by text", |m| m.body.contains("Approved: `deploy`"))
-        .await;
+    g.answer(&plain, "the approval by text", |m| {
+        m.body.contains("Approved: `deploy`")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
