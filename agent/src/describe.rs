@@ -35,9 +35,28 @@ pub struct FileDescription {
 }
 
 impl fmt::Display for FileDescription {
+    /// The description a model gets: the workspace path first (it names the file in tools).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "File: {}", self.path)?;
         writeln!(f, "- name: {}", self.name)?;
+        self.details(f)
+    }
+}
+
+impl FileDescription {
+    /// The description a person gets: the file by its name, no workspace path.
+    pub fn for_people(&self) -> String {
+        struct People<'a>(&'a FileDescription);
+        impl fmt::Display for People<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                writeln!(f, "File: {}", self.0.name)?;
+                self.0.details(f)
+            }
+        }
+        People(self).to_string()
+    }
+
+    fn details(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "- mime: {}", self.mime)?;
         writeln!(f, "- size {} bytes", self.size)?;
         writeln!(f, "- sha256 {}", self.sha256)?;

@@ -123,9 +123,12 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
                 if let Some(info) = turn.attachment_info.get(*path) {
                     d.name = info.name.clone();
                 }
-                d.to_string()
+                d.for_people()
             }
-            Err(e) => format!("File: {path}\n- could not read it: {e}\n"),
+            Err(e) => format!(
+                "File: {}\n- could not read it: {e}\n",
+                display_name(path.file_name())
+            ),
         };
         io.say(format!("{block}\n")).await?;
     }
@@ -145,7 +148,7 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             let args = json!({ "path": path, "max_bytes": READ_BYTES }).to_string();
             let out = io.call_tool("read_file", &args).await;
             if out.ok {
-                format!("{path}:\n{}", out.output)
+                format!("{}:\n{}", file_label(&path), out.output)
             } else {
                 format!("I could not read {path}: {}", out.output)
             }
@@ -167,7 +170,7 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             let wrote = io.call_tool("write_file", &args).await;
             if wrote.ok {
                 let sent = send(io, &path).await;
-                format!("Wrote {path} ({} bytes). {sent}", body.len())
+                format!("Wrote {} ({} bytes). {sent}", file_label(&path), body.len())
             } else {
                 format!("I could not write {path}: {}", wrote.output)
             }
@@ -208,6 +211,12 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
     };
     io.say(reply).await?;
     Ok(())
+}
+
+/// How a file is named to people: its original name, never the workspace path.
+fn file_label(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    display_name(file)
 }
 
 /// A user's words quoted back as a code span: shown exactly as written, never rendered as
@@ -257,7 +266,7 @@ async fn send(io: &mut TurnIo, path: &str) -> String {
     let args = json!({ "path": path }).to_string();
     let out = io.call_tool("send_file", &args).await;
     if out.ok {
-        format!("Sent {path}.")
+        format!("Sent {}.", file_label(path))
     } else {
         format!("I could not send {path}: {}", out.output)
     }
@@ -313,6 +322,17 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(parse(input, true), expected, "{input:?}");
         }
+    }
+
+    #[test]
+    fn files_are_named_not_pathed() {
+        assert_eq!(
+            file_label(
+                "surfaces/matrix/@a%3Ahs/!r%3Ahs/inbox/20261122T101010Z-UufhGaNJ-gradient.png"
+            ),
+            "gradient.png"
+        );
+        assert_eq!(file_label("chats/c/notes.txt"), "notes.txt");
     }
 
     #[test]

@@ -55,15 +55,17 @@ async fn attachments_are_described() {
     let t = c.turn(m).await;
     let out = t.text();
     assert_eq!(t.end().status, EndStatus::Completed);
+    assert!(
+        !out.contains("surfaces/matrix"),
+        "no workspace path for people: {out}"
+    );
     for needle in [
-        png_path.as_str(),
-        "name: pic.png",
+        "File: pic.png",
         "mime: image/png",
         &format!("size {} bytes", png.len()),
         &format!("sha256 {}", sha256(&png)),
         "image 3x2",
-        txt_path.as_str(),
-        "name: notes.txt",
+        "File: notes.txt",
         "mime: text/plain",
         &format!("sha256 {}", sha256(text)),
         "line one",

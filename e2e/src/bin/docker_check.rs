@@ -203,7 +203,19 @@ async fn send_file(env: &Env, state: &Path, file: &Path) -> Result<()> {
         |m| m.body.contains(&digest),
     )
     .await?;
-    let path = workspace_path(&reply.body).context("the reply names no workspace path")?;
+    // Replies name files for people; the workspace path is in the `files` listing.
+    let _ = reply;
+    let files = me.send_text(&room, "files").await?;
+    let listing = wait_for(env, &me, &room, &files, "the files listing", |m| {
+        m.body.contains("surfaces/matrix/") && m.body.contains(&name)
+    })
+    .await?;
+    let path = listing
+        .body
+        .lines()
+        .filter(|l| l.contains(&format!("-{name}")))
+        .find_map(workspace_path)
+        .context("the listing names no workspace path for the file")?;
     println!(
         "{}",
         json!({"event_id": id, "sha256": digest, "path": path})

@@ -125,10 +125,11 @@ async fn each_media_kind_lands_in_the_inbox_and_the_agent_gets_its_path() {
             "{rel}"
         );
 
-        // The agent received that relative path and the same bytes.
+        // The reply names the file as its sender did, not by its workspace path.
+        let shown = protocol::original_name(name);
         assert!(
-            text.contains(rel.as_str()),
-            "reply names the path {rel}: {text}"
+            text.contains(&format!("File: {shown}")) && !text.contains("surfaces/matrix"),
+            "reply names {shown} and no path: {text}"
         );
         assert!(
             text.contains(&digest),
