@@ -38,11 +38,12 @@ pub enum BrainError {
 }
 
 impl BrainError {
-    /// A message fit for the room (the full error is logged).
+    /// A message fit for the room: what went wrong with the model, in a sentence built by the
+    /// brain (no URL, no key; a server's own error message is cut to 300 characters).
     pub fn public_message(&self) -> String {
         match self {
             Self::Disconnected => "the surface disconnected".to_owned(),
-            Self::Model(_) => "the language model could not answer; see the agent's log".to_owned(),
+            Self::Model(why) => format!("the language model could not answer: {why}"),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The builtin brain: offline and deterministic. It describes attachments and understands the
 //! small command language the end-to-end tests rely on (see `Command`). Two commands are test
 //! hooks that exist only with `AGENT_TEST_HOOKS=1` and are never listed by `help`: `sendraw`
-//! (names a path to the surface without checking it) and `sleep` (holds a turn open).
+//! (names a path to the surface without checking it), `sleep` (holds a turn open) and
+//! `approve3` (one action needing approval three times in a turn).
 
 use std::time::Duration;
 
@@ -67,6 +68,9 @@ pub enum Command<'a> {
     History,
     /// `sleep <ms>` (test hook)
     Sleep(u64),
+    /// `approve3 <anything>` (test hook): the same action needing approval, three times in one
+    /// turn.
+    ApproveThrice(&'a str),
     /// Anything else (the whole text, mention removed).
     Other(&'a str),
 }
@@ -85,6 +89,7 @@ pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
         "read" if !rest.is_empty() => Command::Read(rest),
         "send" if !rest.is_empty() => Command::Send(rest),
         "sendraw" if test_hooks && !rest.is_empty() => Command::SendRaw(rest),
+        "approve3" if test_hooks && !rest.is_empty() => Command::ApproveThrice(rest),
         "note" if !rest.is_empty() => match rest.split_once(char::is_whitespace) {
             Some((name, body)) => Command::Note(name, body.trim_start()),
             None => Command::Note(rest, ""),
@@ -194,6 +199,15 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             }
         }
         Command::History => history(input),
+        Command::ApproveThrice(action) => {
+            let args = json!({ "action": action }).to_string();
+            let mut outcomes = Vec::new();
+            for _ in 0..3 {
+                let out = io.call_tool("dangerous_action", &args).await;
+                outcomes.push(if out.ok { "approved" } else { "denied" });
+            }
+            format!("Three times {}: {}", quoted(action), outcomes.join(", "))
+        }
         Command::Sleep(ms) => {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             format!("Slept {ms} ms.")
@@ -315,6 +329,7 @@ mod tests {
             ("approve", Command::Approve("the demo action")),
             ("history", Command::History),
             ("sleep 250", Command::Sleep(250)),
+            ("approve3 x", Command::ApproveThrice("x")),
             ("sleep 999999", Command::Sleep(60_000)),
             ("sleep soon", Command::Other("sleep soon")),
             ("hello there", Command::Other("hello there")),
@@ -352,11 +367,12 @@ mod tests {
                 Command::Other("sendraw chats/x/a.txt"),
             ),
             ("sleep 250", Command::Other("sleep 250")),
+            ("approve3 x", Command::Other("approve3 x")),
             ("help", Command::Help),
         ];
         for (input, expected) in cases {
             assert_eq!(parse(input, false), expected, "{input:?}");
         }
-        assert!(!HELP.contains("sendraw") && !HELP.contains("sleep"));
+        assert!(!HELP.contains("sendraw") && !HELP.contains("sleep") && !HELP.contains("approve3"));
     }
 }

@@ -2,19 +2,22 @@
 //! llama.cpp): streamed answers (server-sent events) and tool calling with the registry's
 //! generated schemas.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::{debug, instrument, warn};
 
 use super::{Brain, BrainError, TurnInput};
 use crate::config::OpenAiConfig;
-use crate::store::TurnRecord;
+use crate::store::{TurnRecord, TurnStatus};
 use crate::turn::TurnIo;
+
+mod stream;
+
+pub use stream::{Assembler, Ending, PendingCall};
 
 /// Most model round trips (answer, tool calls, answer...) in one turn.
 const MAX_ROUNDS: usize = 8;
@@ -53,122 +56,6 @@ impl Brain for OpenAi {
     }
 }
 
-/// A tool call assembled from streamed deltas.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PendingCall {
-    /// The model's id for the call.
-    pub id: String,
-    /// Tool name.
-    pub name: String,
-    /// JSON arguments, concatenated from the deltas.
-    pub arguments: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<Choice>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Choice {
-    #[serde(default)]
-    delta: Delta,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct Delta {
-    #[serde(default)]
-    content: Option<String>,
-    #[serde(default)]
-    tool_calls: Vec<ToolCallDelta>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ToolCallDelta {
-    #[serde(default)]
-    index: usize,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Debug, Deserialize)]
-struct FunctionDelta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    arguments: Option<String>,
-}
-
-/// Accumulates one streamed completion.
-#[derive(Debug, Default)]
-pub struct Assembler {
-    /// The answer text so far.
-    pub content: String,
-    /// Tool calls by index.
-    pub calls: BTreeMap<usize, PendingCall>,
-}
-
-impl Assembler {
-    /// Feeds one SSE `data:` payload; returns new answer text to show, if any.
-    /// `Ok(None)` also for `[DONE]` and keep-alives.
-    pub fn feed(&mut self, data: &str) -> Result<Option<String>, BrainError> {
-        let data = data.trim();
-        if data.is_empty() || data == "[DONE]" {
-            return Ok(None);
-        }
-        let chunk: Chunk = serde_json::from_str(data)
-            .map_err(|e| BrainError::Model(format!("unexpected stream chunk: {e}")))?;
-        let mut text = None;
-        for choice in chunk.choices {
-            if let Some(c) = choice.delta.content.filter(|c| !c.is_empty()) {
-                self.content.push_str(&c);
-                text = Some(c);
-            }
-            for call in choice.delta.tool_calls {
-                let slot = self.calls.entry(call.index).or_default();
-                if let Some(id) = call.id {
-                    slot.id = id;
-                }
-                if let Some(f) = call.function {
-                    if let Some(name) = f.name {
-                        slot.name.push_str(&name);
-                    }
-                    if let Some(args) = f.arguments {
-                        slot.arguments.push_str(&args);
-                    }
-                }
-            }
-        }
-        Ok(text)
-    }
-}
-
-/// Splits a byte stream into SSE `data:` payloads.
-#[derive(Debug, Default)]
-pub struct SseLines {
-    buf: Vec<u8>,
-}
-
-impl SseLines {
-    /// Adds bytes; returns the complete `data:` payloads they finish.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        while let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.buf.drain(..=pos).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim_end_matches(['\r', '\n']);
-            if let Some(data) = line.strip_prefix("data:") {
-                out.push(data.trim_start().to_owned());
-            }
-        }
-        out
-    }
-}
-
 impl OpenAi {
     #[instrument(skip_all, fields(chat_id = %input.chat_id, turn = %input.turn.id, model = %self.config.model))]
     async fn run(&self, input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
@@ -191,9 +78,25 @@ impl OpenAi {
         for round in 0..MAX_ROUNDS {
             debug!(round, "model request");
             let assembled = self.complete(&messages, &tools, io).await?;
+            if assembled.ending() == Ending::CutOff {
+                // Arguments cut off mid-way are not a call: nothing is run.
+                warn!(
+                    round,
+                    calls = assembled.calls.len(),
+                    "completion cut off by the token limit"
+                );
+                let note = if assembled.calls.is_empty() {
+                    "\n\n(My answer was cut off: the model reached its length limit.)"
+                } else {
+                    "\n\n(The model reached its length limit in the middle of a tool call, so I \
+                     ran nothing.)"
+                };
+                io.say(note).await?;
+                return Ok(());
+            }
             let calls: Vec<PendingCall> = assembled
                 .calls
-                .into_values()
+                .into_iter()
                 .enumerate()
                 .map(|(i, mut c)| {
                     if c.id.is_empty() {
@@ -249,6 +152,12 @@ impl OpenAi {
         );
         let mut messages = vec![json!({ "role": "system", "content": system })];
         let recent = &input.history.recent;
+        // A failed turn (an over-long message, a server error) is left out: sent again, it would
+        // make every later turn fail the same way.
+        let recent: Vec<&TurnRecord> = recent
+            .iter()
+            .filter(|t| t.status != TurnStatus::Failed)
+            .collect();
         for turn in &recent[recent.len().saturating_sub(MAX_HISTORY_TURNS)..] {
             messages.push(json!({ "role": "user", "content": user_content(turn) }));
             if !turn.output.is_empty() {
@@ -288,29 +197,40 @@ impl OpenAi {
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            let text: String = text.chars().take(300).collect();
+            let said = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("error").map(stream::error_message))
+                .unwrap_or_else(|| text.chars().take(300).collect());
+            // A server that echoes the request must not echo the key into the room.
+            let said = match &self.config.api_key {
+                Some(key) if !key.expose().is_empty() => said.replace(key.expose(), "[redacted]"),
+                _ => said,
+            };
             return Err(BrainError::Model(format!(
-                "server answered {status}: {text}"
+                "the model server answered {status}: {said}"
             )));
         }
-        let mut stream = response.bytes_stream();
-        let mut lines = SseLines::default();
+        let mut events = response.bytes_stream().eventsource();
         let mut assembler = Assembler::default();
-        loop {
-            let next = tokio::time::timeout(CHUNK_TIMEOUT, stream.next())
+        while !assembler.done {
+            let next = tokio::time::timeout(CHUNK_TIMEOUT, events.next())
                 .await
                 .map_err(|_| BrainError::Model("the stream stalled".to_owned()))?;
-            let Some(bytes) = next else { break };
-            let bytes = bytes
-                .map_err(|e| BrainError::Model(format!("stream failed: {}", e.without_url())))?;
-            for data in lines.push(&bytes) {
-                if data.trim() == "[DONE]" {
-                    return Ok(assembler);
-                }
-                if let Some(text) = assembler.feed(&data)? {
-                    io.say(text).await?;
-                }
+            let Some(event) = next else { break };
+            let event = event.map_err(|e| {
+                BrainError::Model(match e {
+                    EventStreamError::Transport(t) => format!("stream failed: {}", t.without_url()),
+                    other => format!("stream failed: {other}"),
+                })
+            })?;
+            if let Some(text) = assembler.feed(&event.data)? {
+                io.say(text).await?;
             }
+        }
+        if assembler.ending() == Ending::Broken {
+            return Err(BrainError::Model(
+                "the stream ended before the answer was complete".to_owned(),
+            ));
         }
         Ok(assembler)
     }
@@ -335,50 +255,4 @@ fn user_content(turn: &TurnRecord) -> String {
         }
     }
     content
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sse_lines_split_across_chunks() {
-        let mut sse = SseLines::default();
-        assert!(sse.push(b"data: {\"a\"").is_empty());
-        assert_eq!(
-            sse.push(b":1}\r\n\r\ndata: [DONE]\n"),
-            ["{\"a\":1}", "[DONE]"]
-        );
-        assert!(sse.push(b": keep-alive comment\n").is_empty());
-    }
-
-    #[test]
-    fn assembler_joins_tool_call_deltas() {
-        let mut a = Assembler::default();
-        let chunks = [
-            r#"{"choices":[{"delta":{"content":"Hel"}}]}"#,
-            r#"{"choices":[{"delta":{"content":"lo"}}]}"#,
-            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"list_","arguments":""}}]}}]}"#,
-            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"files","arguments":"{\"di"}}]}}]}"#,
-            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"r\":null}"}}]}}]}"#,
-            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
-        ];
-        let mut shown = String::new();
-        for c in chunks {
-            if let Some(t) = a.feed(c).unwrap() {
-                shown.push_str(&t);
-            }
-        }
-        assert_eq!(shown, "Hello");
-        assert_eq!(a.content, "Hello");
-        assert_eq!(
-            a.calls[&0],
-            PendingCall {
-                id: "c1".into(),
-                name: "list_files".into(),
-                arguments: r#"{"dir":null}"#.into()
-            }
-        );
-        assert!(a.feed("not json").is_err());
-    }
 }

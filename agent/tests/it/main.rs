@@ -11,5 +11,6 @@ mod history_cost;
 mod hostile;
 mod openai;
 mod persistence;
+mod replay;
 mod support;
 mod turns;

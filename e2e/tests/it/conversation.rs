@@ -151,6 +151,38 @@ async fn approvals_by_reaction_and_a_file_while_a_prompt_waits() {
         .await;
     assert!(edit.body.contains("Allowed once"), "{}", edit.body);
 
+    // The same request three times in one turn: one prompt, one answer for all three.
+    let thrice = dm
+        .user
+        .send_text(&dm.room, "approve3 rotate keys")
+        .await
+        .unwrap();
+    let prompt3 = dm
+        .wait_bot(&thrice, "the prompt", |m| {
+            m.body.contains("Approval needed")
+        })
+        .await;
+    dm.react(&prompt3.event_id, "✅").await;
+    let done = dm
+        .wait_bot(&thrice, "the three outcomes", |m| {
+            m.body.contains("Three times")
+        })
+        .await;
+    assert!(
+        done.body.contains("approved, approved, approved"),
+        "{}",
+        done.body
+    );
+    let prompts = dm
+        .user
+        .messages_from(&dm.room, &bot)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.answers() == Some(thrice.as_str()) && m.body.contains("Approval needed"))
+        .count();
+    assert_eq!(prompts, 1, "one prompt for three identical requests");
+
     // A file sent while the next prompt waits is not the answer: the prompt stays open, a
     // reaction answers it, and then the file is described in its own thread.
     let ask2 = dm.user.send_text(&dm.room, "approve second").await.unwrap();

@@ -26,7 +26,8 @@ struct Group {
 }
 
 impl Group {
-    async fn start() -> Self {
+    /// A room with Alice, Bob and the bot; end-to-end encrypted when `encrypted`.
+    async fn start(encrypted: bool) -> Self {
         let hs = Homeserver::from_env();
         let stack = Stack::start(&hs, StackOptions::default())
             .await
@@ -39,12 +40,14 @@ impl Group {
             OwnedUserId::try_from(bob.user_id.as_str()).unwrap(),
         ];
         req.preset = Some(RoomPreset::PrivateChat);
-        req.initial_state = vec![
-            InitialStateEvent::with_empty_state_key(RoomEncryptionEventContent::new(
-                EventEncryptionAlgorithm::MegolmV1AesSha2,
-            ))
-            .to_raw_any(),
-        ];
+        if encrypted {
+            req.initial_state = vec![
+                InitialStateEvent::with_empty_state_key(RoomEncryptionEventContent::new(
+                    EventEncryptionAlgorithm::MegolmV1AesSha2,
+                ))
+                .to_raw_any(),
+            ];
+        }
         let room = alice.client().create_room(req).await.expect("create room");
         let room = room.room_id().to_string();
         let id = OwnedRoomId::try_from(room.as_str()).unwrap();
@@ -108,8 +111,17 @@ impl Group {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn group_room_mentions_context_threads_and_the_asked_user() {
-    let g = Group::start().await;
+async fn encrypted_group_room_mentions_context_threads_and_the_asked_user() {
+    group_room(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_group_room_mentions_context_threads_and_the_asked_user() {
+    group_room(false).await;
+}
+
+async fn group_room(encrypted: bool) {
+    let g = Group::start(encrypted).await;
     let bot = g.stack.bot.user_id.clone();
 
     // Without a mention: nothing is answered; the messages (a file too) become context.
