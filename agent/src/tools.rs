@@ -157,7 +157,11 @@ impl<T: Tool> DynTool for Erased<T> {
     }
 
     fn schema(&self) -> serde_json::Value {
-        let mut schema = serde_json::to_value(schemars::schema_for!(T::Args))
+        // Everything inline: several providers reject `$defs`/`$ref` in tool parameters.
+        let generator = schemars::generate::SchemaSettings::draft07()
+            .with(|s| s.inline_subschemas = true)
+            .into_generator();
+        let mut schema = serde_json::to_value(generator.into_root_schema_for::<T::Args>())
             .unwrap_or_else(|_| serde_json::json!({"type": "object"}));
         if let Some(obj) = schema.as_object_mut() {
             obj.remove("$schema");
@@ -404,6 +408,13 @@ mod tests {
         for spec in specs {
             assert_eq!(spec.parameters["type"], "object", "{}", spec.name);
             assert!(spec.parameters.get("$schema").is_none());
+            // No references anywhere: some providers reject them.
+            let text = spec.parameters.to_string();
+            assert!(
+                !text.contains("$ref") && !text.contains("$defs") && !text.contains("definitions"),
+                "{}: {text}",
+                spec.name
+            );
         }
         let write = registry
             .specs()

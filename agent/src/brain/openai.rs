@@ -26,6 +26,14 @@ const MAX_HISTORY_TURNS: usize = 20;
 const _: () = assert!(MAX_HISTORY_TURNS <= crate::store::RECENT_TURNS);
 /// A stream silent for this long is abandoned.
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(120);
+/// A server that has not answered with response headers by then is given up on (a frozen
+/// server must not leave the room waiting in silence for minutes).
+const HEADERS_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts of one request while the server is unreachable, loading (503) or rate limiting
+/// (429): nothing has been shown yet, so trying again is safe.
+const ATTEMPTS: usize = 4;
+/// Most tokens one completion may use (`max_tokens`), so a runaway answer ends.
+const MAX_TOKENS: u32 = 4096;
 
 /// The OpenAI-compatible brain.
 #[derive(Debug, Clone)]
@@ -75,7 +83,15 @@ impl OpenAi {
                 })
             })
             .collect();
+        let mut made: std::collections::HashSet<(String, String)> = Default::default();
+        let mut repeats = 0;
         for round in 0..MAX_ROUNDS {
+            if repeats >= 2 {
+                warn!(round, "the model keeps repeating tool calls; stopping");
+                io.say("\n(I stopped: the model kept repeating the same tool call.)")
+                    .await?;
+                return Ok(());
+            }
             debug!(round, "model request");
             let assembled = self.complete(&messages, &tools, io).await?;
             if assembled.ending() == Ending::CutOff {
@@ -122,12 +138,29 @@ impl OpenAi {
             if calls.is_empty() {
                 return Ok(());
             }
+            let mut this_round = Vec::new();
             for call in calls {
-                let outcome = io.call_tool(&call.name, &call.arguments).await;
-                let content = if outcome.ok {
-                    outcome.output
+                // The same call as in an earlier round (a model in a loop would send one file
+                // eight times): not run; the model is told, and a second repeat ends the turn.
+                // Identical calls within one round are parallel calls and run.
+                let args: Value = serde_json::from_str(&call.arguments)
+                    .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+                let key = (call.name.clone(), args.to_string());
+                let repeated = made.contains(&key);
+                this_round.push(key);
+                let content = if repeated {
+                    repeats += 1;
+                    warn!(tool = %call.name, repeats, "the model repeated a tool call; not run");
+                    "error: you already made this exact call in this turn; its result is above. \
+                     Do not repeat it."
+                        .to_owned()
                 } else {
-                    format!("error: {}", outcome.output)
+                    let outcome = io.call_tool(&call.name, &call.arguments).await;
+                    if outcome.ok {
+                        outcome.output
+                    } else {
+                        format!("error: {}", outcome.output)
+                    }
                 };
                 messages.push(json!({
                     "role": "tool",
@@ -135,6 +168,7 @@ impl OpenAi {
                     "content": content,
                 }));
             }
+            made.extend(this_round);
         }
         warn!("too many tool rounds; stopping");
         io.say("\n(I stopped after too many tool calls.)").await?;
@@ -179,21 +213,12 @@ impl OpenAi {
             "model": self.config.model,
             "messages": messages,
             "stream": true,
+            "max_tokens": MAX_TOKENS,
         });
         if !tools.is_empty() {
             body["tools"] = Value::from(tools.to_vec());
         }
-        let mut request = self
-            .http
-            .post(format!("{}/chat/completions", self.config.base_url))
-            .json(&body);
-        if let Some(key) = &self.config.api_key {
-            request = request.bearer_auth(key.expose());
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| BrainError::Model(format!("request failed: {}", e.without_url())))?;
+        let response = self.send_with_retries(&body).await?;
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
@@ -234,6 +259,57 @@ impl OpenAi {
         }
         Ok(assembler)
     }
+}
+
+impl OpenAi {
+    /// Sends one completion request, waiting at most [`HEADERS_TIMEOUT`] for the response head,
+    /// and tries again (with jittered backoff) while the server cannot be reached, is loading
+    /// (503) or asks to slow down (429).
+    async fn send_with_retries(&self, body: &Value) -> Result<reqwest::Response, BrainError> {
+        use backon::{ExponentialBuilder, Retryable};
+        let attempt = || async {
+            let mut request = self
+                .http
+                .post(format!("{}/chat/completions", self.config.base_url))
+                .json(body);
+            if let Some(key) = &self.config.api_key {
+                request = request.bearer_auth(key.expose());
+            }
+            let response = tokio::time::timeout(HEADERS_TIMEOUT, request.send())
+                .await
+                .map_err(|_| {
+                    Attempt::Again(format!("no answer within {}s", HEADERS_TIMEOUT.as_secs()))
+                })?
+                .map_err(|e| Attempt::Again(format!("request failed: {}", e.without_url())))?;
+            let status = response.status().as_u16();
+            if status == 429 || status == 503 {
+                return Err(Attempt::Again(format!(
+                    "the model server answered {status} (busy or loading)"
+                )));
+            }
+            Ok(response)
+        };
+        attempt
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(500))
+                    .with_max_delay(Duration::from_secs(8))
+                    .with_max_times(ATTEMPTS - 1)
+                    .with_jitter(),
+            )
+            .notify(
+                |e: &Attempt, wait| warn!(error = %e, ?wait, "model request failed; trying again"),
+            )
+            .await
+            .map_err(|Attempt::Again(why)| BrainError::Model(why))
+    }
+}
+
+/// A failed attempt worth repeating.
+#[derive(Debug, thiserror::Error)]
+enum Attempt {
+    #[error("{0}")]
+    Again(String),
 }
 
 fn user_content(turn: &TurnRecord) -> String {

@@ -197,3 +197,44 @@ async fn a_failed_turn_is_not_sent_again_as_history() {
     let second = bodies.last().unwrap().to_string();
     assert!(!second.contains(&huge), "the failed turn went along again");
 }
+
+fn call_chunk(id: &str, name: &str, args: &str) -> String {
+    let chunk = serde_json::json!({"choices":[{"delta":{"tool_calls":[
+        {"index":0,"id":id,"type":"function","function":{"name":name,"arguments":args}}
+    ]},"finish_reason":"tool_calls"}]});
+    format!("data: {chunk}\n\ndata: [DONE]\n\n")
+}
+
+#[tokio::test]
+async fn a_tool_call_repeated_every_round_runs_once() {
+    let args = format!(r#"{{"path":"chats/{}/a.txt","content":"x"}}"#, chat());
+    let rounds: Vec<Recorded> = (0..6)
+        .map(|i| Recorded {
+            status: 200,
+            content_type: "text/event-stream".into(),
+            body: call_chunk(&format!("c{i}"), "write_file", &args),
+        })
+        .collect();
+    let (agent, r) = replay_of(rounds).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let t = c.turn(message(1, "$r1", "write it")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
+    assert_eq!(t.tool_calls().len(), 1, "run once: {:?}", t.tool_calls());
+    assert!(t.text().contains("kept repeating"), "{}", t.text());
+    assert!(*r.requests.lock().unwrap() <= 3);
+}
+
+#[tokio::test]
+async fn a_loading_server_is_waited_for() {
+    let busy = Recorded {
+        status: 503,
+        content_type: "application/json".into(),
+        body: r#"{"error":{"message":"Loading model","code":503}}"#.into(),
+    };
+    let (agent, r) = replay_of(vec![busy.clone(), busy]).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let t = c.turn(message(1, "$r1", "hi")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
+    assert!(t.text().contains("final words"));
+    assert_eq!(*r.requests.lock().unwrap(), 3, "two 503s, then the answer");
+}
