@@ -77,11 +77,16 @@ async fn replay_of(recorded: Vec<Recorded>) -> (TestAgent, Replay) {
     (agent, r)
 }
 
+/// Connects to `agent` and runs one turn saying `text`.
+async fn one_turn(agent: &TestAgent, text: &str) -> Transcript {
+    let (mut c, _) = agent.connect(&chat()).await;
+    c.turn(message(1, "$r1", text)).await
+}
+
 #[tokio::test]
 async fn ollama_parallel_calls_all_at_index_0_are_two_calls() {
     let (agent, r) = replay("a-ollama-index0").await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "list twice")).await;
+    let t = one_turn(&agent, "list twice").await;
     assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
     assert_eq!(t.tool_calls(), ["list_files", "list_files"]);
     assert!(t.text().contains("final words"));
@@ -91,8 +96,7 @@ async fn ollama_parallel_calls_all_at_index_0_are_two_calls() {
 #[tokio::test]
 async fn an_error_in_the_middle_of_a_stream_fails_the_turn() {
     let (agent, _) = replay("b-midstream-error").await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "answer")).await;
+    let t = one_turn(&agent, "answer").await;
     assert_eq!(t.end().status, EndStatus::Failed, "{t:?}");
     let error = t.end().error.clone().unwrap_or_default();
     assert!(
@@ -104,8 +108,7 @@ async fn an_error_in_the_middle_of_a_stream_fails_the_turn() {
 #[tokio::test]
 async fn a_name_repeated_in_every_delta_is_one_name() {
     let (agent, _) = replay("c-repeated-name").await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "list")).await;
+    let t = one_turn(&agent, "list").await;
     assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
     assert_eq!(t.tool_calls(), ["list_files"]);
 }
@@ -113,8 +116,7 @@ async fn a_name_repeated_in_every_delta_is_one_name() {
 #[tokio::test]
 async fn null_tool_calls_are_no_tool_calls() {
     let (agent, r) = replay("d-null-tool-calls").await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "hi")).await;
+    let t = one_turn(&agent, "hi").await;
     assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
     assert_eq!(t.text(), "Hello");
     assert_eq!(*r.requests.lock().unwrap(), 1);
@@ -123,8 +125,7 @@ async fn null_tool_calls_are_no_tool_calls() {
 #[tokio::test]
 async fn an_answer_cut_by_the_length_limit_says_so() {
     let (agent, r) = replay("e-length-no-done").await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "long")).await;
+    let t = one_turn(&agent, "long").await;
     assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
     assert!(t.text().starts_with("This answer was cut"), "{}", t.text());
     assert!(t.text().contains("cut off"), "{}", t.text());
@@ -143,8 +144,7 @@ async fn a_refusal_says_what_the_server_said_without_the_key() {
         body: r#"{"error":{"message":"Incorrect API key provided: sk-test","type":"invalid_request_error"}}"#.into(),
     }])
     .await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "hi")).await;
+    let t = one_turn(&agent, "hi").await;
     assert_eq!(t.end().status, EndStatus::Failed);
     let error = t.end().error.clone().unwrap_or_default();
     assert!(
@@ -216,8 +216,7 @@ async fn a_tool_call_repeated_every_round_runs_once() {
         })
         .collect();
     let (agent, r) = replay_of(rounds).await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "write it")).await;
+    let t = one_turn(&agent, "write it").await;
     assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
     assert_eq!(t.tool_calls().len(), 1, "run once: {:?}", t.tool_calls());
     assert!(t.text().contains("kept repeating"), "{}", t.text());
@@ -232,8 +231,7 @@ async fn a_loading_server_is_waited_for() {
         body: r#"{"error":{"message":"Loading model","code":503}}"#.into(),
     };
     let (agent, r) = replay_of(vec![busy.clone(), busy]).await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let t = c.turn(message(1, "$r1", "hi")).await;
+    let t = one_turn(&agent, "hi").await;
     assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
     assert!(t.text().contains("final words"));
     assert_eq!(*r.requests.lock().unwrap(), 3, "two 503s, then the answer");

@@ -53,6 +53,18 @@ impl Dm {
             .expect(what)
     }
 
+    /// How many bot messages answering `root` say `text` now.
+    async fn count_answers(&self, root: &str, text: &str) -> usize {
+        let bot = self.stack.bot.user_id.clone();
+        self.user
+            .messages_from(&self.room, &bot)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|m| m.answers() == Some(root) && m.body.contains(text))
+            .count()
+    }
+
     /// The bot's edit of `event`, once it is there.
     async fn wait_edit(&self, event: &str, what: &str) -> Received {
         let bot = self.stack.bot.user_id.clone();
@@ -173,14 +185,7 @@ async fn approvals_by_reaction_and_a_file_while_a_prompt_waits() {
         "{}",
         done.body
     );
-    let prompts = dm
-        .user
-        .messages_from(&dm.room, &bot)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|m| m.answers() == Some(thrice.as_str()) && m.body.contains("Approval needed"))
-        .count();
+    let prompts = dm.count_answers(&thrice, "Approval needed").await;
     assert_eq!(prompts, 1, "one prompt for three identical requests");
 
     // A file sent while the next prompt waits is not the answer: the prompt stays open, a
@@ -376,15 +381,7 @@ async fn a_prompt_still_works_after_either_process_restarts() {
         m.body.contains("Approved: `after agent restart`")
     })
     .await;
-    let bot = dm.stack.bot.user_id.clone();
-    let prompts = dm
-        .user
-        .messages_from(&dm.room, &bot)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|m| m.answers() == Some(ask2.as_str()) && m.body.contains("Approval needed"))
-        .count();
+    let prompts = dm.count_answers(&ask2, "Approval needed").await;
     assert_eq!(prompts, 1, "one prompt for the request");
 
     // ♾️ is remembered for this user across restarts of both: no prompt the next time.
@@ -420,12 +417,6 @@ async fn a_prompt_still_works_after_either_process_restarts() {
         "{}",
         answer.body
     );
-    let asked_again = dm
-        .user
-        .messages_from(&dm.room, &bot)
-        .await
-        .unwrap()
-        .iter()
-        .any(|m| m.answers() == Some(again.as_str()) && m.body.contains("Approval needed"));
+    let asked_again = dm.count_answers(&again, "Approval needed").await > 0;
     assert!(!asked_again, "asked again after always");
 }
