@@ -639,7 +639,8 @@ mod tests {
 
     use super::*;
 
-    fn ev(id: &str, chat: &ChatId, d: Disposition) -> NewEvent {
+    /// A journal row for tests (also of the child modules): from `@alice:hs`, saying "hi".
+    pub(super) fn ev(id: &str, chat: &ChatId, d: Disposition) -> NewEvent {
         NewEvent {
             event_id: id.into(),
             room_id: "!r:hs".into(),

@@ -59,51 +59,46 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::journal::{Disposition, NewEvent};
     use protocol::ChatId;
 
-    fn event(id: &str, sender: &str, disposition: Disposition) -> NewEvent {
-        NewEvent {
-            event_id: id.into(),
-            room_id: "!r:hs".into(),
-            chat_id: Some(ChatId::for_conversation("!r:hs", None)),
-            thread_root: None,
-            sender: sender.into(),
-            sender_name: None,
-            origin_ts: 1,
-            content: Some(r#"{"msgtype":"m.text","body":"helo"}"#.into()),
-            disposition,
-        }
-    }
+    use super::*;
+    use crate::journal::Disposition;
+    use crate::journal::tests::ev;
 
     #[test]
     fn where_an_edited_message_stands() {
         let j = Journal::in_memory().unwrap();
+        let chat = ChatId::for_conversation("!r:hs", None);
         j.record(
             "!r:hs",
             &[
-                event("$t", "@a:hs", Disposition::Trigger),
-                event("$c", "@a:hs", Disposition::Context),
-                event("$s", "@a:hs", Disposition::Skip),
+                ev("$t", &chat, Disposition::Trigger),
+                ev("$c", &chat, Disposition::Context),
+                ev("$s", &chat, Disposition::Skip),
             ],
         )
         .unwrap();
-        assert_eq!(j.edit_target("$t", "@a:hs").unwrap(), EditTarget::Queued);
+        assert_eq!(
+            j.edit_target("$t", "@alice:hs").unwrap(),
+            EditTarget::Queued
+        );
         assert_eq!(
             j.edit_target("$t", "@b:hs").unwrap(),
             EditTarget::Other,
             "not the author"
         );
-        assert_eq!(j.edit_target("$s", "@a:hs").unwrap(), EditTarget::Other);
-        assert_eq!(j.edit_target("$nope", "@a:hs").unwrap(), EditTarget::Other);
+        assert_eq!(j.edit_target("$s", "@alice:hs").unwrap(), EditTarget::Other);
+        assert_eq!(
+            j.edit_target("$nope", "@alice:hs").unwrap(),
+            EditTarget::Other
+        );
         assert!(
             j.replace_queued_content("$t", r#"{"msgtype":"m.text","body":"hello"}"#)
                 .unwrap()
         );
         j.mark_handled("$t").unwrap();
         assert_eq!(
-            j.edit_target("$t", "@a:hs").unwrap(),
+            j.edit_target("$t", "@alice:hs").unwrap(),
             EditTarget::Ran("hello".into())
         );
         assert!(

@@ -80,22 +80,8 @@ mod tests {
     use protocol::Sender;
 
     use super::*;
-    use crate::journal::{Disposition, NewEvent};
-
-    fn event(id: &str, disposition: Disposition) -> NewEvent {
-        NewEvent {
-            event_id: id.into(),
-            room_id: "!r:hs".into(),
-            chat_id: (disposition != Disposition::Skip)
-                .then(|| ChatId::for_conversation("!r:hs", None)),
-            thread_root: None,
-            sender: "@a:hs".into(),
-            sender_name: None,
-            origin_ts: 1,
-            content: Some(r#"{"msgtype":"m.text","body":"x"}"#.into()),
-            disposition,
-        }
-    }
+    use crate::journal::Disposition;
+    use crate::journal::tests::ev;
 
     #[test]
     fn redacted_messages_give_their_files_and_pending_ones_are_dropped() {
@@ -104,9 +90,9 @@ mod tests {
         j.record(
             "!r:hs",
             &[
-                event("$turn", Disposition::Trigger),
-                event("$queued", Disposition::Trigger),
-                event("$skip", Disposition::Skip),
+                ev("$turn", &chat, Disposition::Trigger),
+                ev("$queued", &chat, Disposition::Trigger),
+                ev("$skip", &chat, Disposition::Skip),
             ],
         )
         .unwrap();
