@@ -35,6 +35,9 @@ pub enum BrainError {
     /// The model server failed or answered nonsense.
     #[error("model request failed: {0}")]
     Model(String),
+    /// The brain stopped a turn that was going nowhere (a tool-call loop).
+    #[error("stopped: {0}")]
+    Stopped(String),
 }
 
 impl BrainError {
@@ -44,6 +47,7 @@ impl BrainError {
         match self {
             Self::Disconnected => "the surface disconnected".to_owned(),
             Self::Model(why) => format!("the language model could not answer: {why}"),
+            Self::Stopped(why) => why.clone(),
         }
     }
 }

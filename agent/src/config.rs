@@ -50,6 +50,65 @@ pub struct OpenAiConfig {
     pub model: String,
     /// API key (`OPENAI_API_KEY`); optional for local servers. Never printed.
     pub api_key: Option<Secret>,
+    /// Timeouts, retries and loop limits.
+    pub tuning: ModelTuning,
+}
+
+impl OpenAiConfig {
+    /// A server at `base_url` serving `model`, with default tuning.
+    pub fn new(
+        base_url: impl Into<String>,
+        model: impl Into<String>,
+        api_key: Option<Secret>,
+    ) -> Self {
+        Self {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key,
+            tuning: ModelTuning::default(),
+        }
+    }
+}
+
+/// How patiently and how far the OpenAI-compatible brain works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelTuning {
+    /// Connecting to the server (`OPENAI_CONNECT_TIMEOUT`, default 10s).
+    pub connect_timeout: Duration,
+    /// From the request to the response head (`OPENAI_HEAD_TIMEOUT`, default 60s): a frozen
+    /// server must not leave the room waiting in silence.
+    pub head_timeout: Duration,
+    /// Longest silence between two chunks of a stream (`OPENAI_IDLE_TIMEOUT`, default 120s).
+    pub idle_timeout: Duration,
+    /// Attempts of one request while the server is unreachable, rate limiting (429) or failing
+    /// (5xx) before anything was streamed (`OPENAI_ATTEMPTS`, default 4).
+    pub attempts: usize,
+    /// `max_tokens` of each completion (`OPENAI_MAX_TOKENS`, default 4096).
+    pub max_tokens: u32,
+    /// Most model round trips in one turn (`OPENAI_MAX_ROUNDS`, default 8).
+    pub max_rounds: usize,
+    /// A read-only tool called again with the same arguments runs again, and counts as a
+    /// repeat only when its result did not change (`OPENAI_REPEAT_CALLS=when-changed`, the
+    /// default), or never runs twice (`once`). Tools with effects never run twice.
+    pub rerun_when_changed: bool,
+    /// Characters of earlier turns sent along, newest kept (`OPENAI_HISTORY_CHARS`,
+    /// default 24000).
+    pub history_chars: usize,
+}
+
+impl Default for ModelTuning {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            head_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(120),
+            attempts: 4,
+            max_tokens: 4096,
+            max_rounds: 8,
+            rerun_when_changed: true,
+            history_chars: 24_000,
+        }
+    }
 }
 
 /// Limits and timeouts of connections, turns and files.
@@ -67,6 +126,9 @@ pub struct Limits {
     pub approval_timeout: Duration,
     /// No answer to `ask_user` within this answers "no reply" (`AGENT_ASK_TIMEOUT`, default 10m).
     pub ask_timeout: Duration,
+    /// How long `send_file` waits for the surface's delivery report (`AGENT_DELIVERY_TIMEOUT`,
+    /// default 10m: a large upload takes a while).
+    pub delivery_timeout: Duration,
     /// Largest file a tool opens (`AGENT_MAX_FILE_SIZE`, default 100MiB).
     pub max_file_size: u64,
     /// A new connection must send its request head and, for the WebSocket route, complete the
@@ -91,6 +153,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             approval_timeout: Duration::from_secs(300),
             ask_timeout: Duration::from_secs(600),
+            delivery_timeout: Duration::from_secs(600),
             max_file_size: 100 * 1024 * 1024,
             head_timeout: Duration::from_secs(5),
             max_pending: 128,
@@ -133,9 +196,14 @@ pub const TOOL_NAMES: &[&str] = &[
     "ask_user",
     "dangerous_action",
     "describe_file",
+    "remember",
+    "recall",
+    "forget",
 ];
 
-/// The policies used when `AGENT_TOOL_POLICY` says nothing about a tool.
+/// The policies used when `AGENT_TOOL_POLICY` says nothing about a tool: `ask` for
+/// `dangerous_action`, `allow` for the rest (the memory tools included: they touch only the
+/// agent's own memory of the user and room of the turn).
 pub fn default_policies() -> BTreeMap<String, Policy> {
     TOOL_NAMES
         .iter()
@@ -182,6 +250,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("base_url", &self.base_url)
             .field("model", &self.model)
             .field("api_key", &self.api_key)
+            .field("tuning", &self.tuning)
             .finish()
     }
 }
@@ -238,33 +307,6 @@ impl Config {
             get("AGENT_STATE_DIR").unwrap_or_else(|| "/var/lib/agent".into()),
         )?;
 
-        let brain = match get("AGENT_BRAIN").as_deref().unwrap_or("builtin") {
-            "builtin" => BrainConfig::Builtin,
-            "openai" => {
-                let base_url = get("OPENAI_BASE_URL")
-                    .ok_or_else(|| err("OPENAI_BASE_URL", "is required when AGENT_BRAIN=openai"))?;
-                if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-                    return Err(err(
-                        "OPENAI_BASE_URL",
-                        "must start with http:// or https://",
-                    ));
-                }
-                let model = get("OPENAI_MODEL")
-                    .ok_or_else(|| err("OPENAI_MODEL", "is required when AGENT_BRAIN=openai"))?;
-                BrainConfig::OpenAi(OpenAiConfig {
-                    base_url: base_url.trim_end_matches('/').to_owned(),
-                    model,
-                    api_key: get("OPENAI_API_KEY").map(Secret::new),
-                })
-            }
-            other => {
-                return Err(err(
-                    "AGENT_BRAIN",
-                    format!("unknown brain {other:?}, expected builtin or openai"),
-                ));
-            }
-        };
-
         let tool_policy = parse_policy(get("AGENT_TOOL_POLICY").as_deref().unwrap_or(""))?;
 
         let defaults = Limits::default();
@@ -291,12 +333,63 @@ impl Config {
                 },
             }
         };
+        let brain = match get("AGENT_BRAIN").as_deref().unwrap_or("builtin") {
+            "builtin" => BrainConfig::Builtin,
+            "openai" => {
+                let base_url = get("OPENAI_BASE_URL")
+                    .ok_or_else(|| err("OPENAI_BASE_URL", "is required when AGENT_BRAIN=openai"))?;
+                if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+                    return Err(err(
+                        "OPENAI_BASE_URL",
+                        "must start with http:// or https://",
+                    ));
+                }
+                let model = get("OPENAI_MODEL")
+                    .ok_or_else(|| err("OPENAI_MODEL", "is required when AGENT_BRAIN=openai"))?;
+                let d = ModelTuning::default();
+                let rerun_when_changed = match get("OPENAI_REPEAT_CALLS").as_deref().map(str::trim)
+                {
+                    None | Some("when-changed") => true,
+                    Some("once") => false,
+                    Some(_) => {
+                        return Err(err("OPENAI_REPEAT_CALLS", "must be once or when-changed"));
+                    }
+                };
+                BrainConfig::OpenAi(OpenAiConfig {
+                    base_url: base_url.trim_end_matches('/').to_owned(),
+                    model,
+                    api_key: get("OPENAI_API_KEY").map(Secret::new),
+                    tuning: ModelTuning {
+                        connect_timeout: duration("OPENAI_CONNECT_TIMEOUT", d.connect_timeout)?,
+                        head_timeout: duration("OPENAI_HEAD_TIMEOUT", d.head_timeout)?,
+                        idle_timeout: duration("OPENAI_IDLE_TIMEOUT", d.idle_timeout)?,
+                        attempts: count("OPENAI_ATTEMPTS", d.attempts)?,
+                        max_tokens: u32::try_from(count(
+                            "OPENAI_MAX_TOKENS",
+                            d.max_tokens as usize,
+                        )?)
+                        .map_err(|_| err("OPENAI_MAX_TOKENS", "is too large"))?,
+                        max_rounds: count("OPENAI_MAX_ROUNDS", d.max_rounds)?,
+                        rerun_when_changed,
+                        history_chars: count("OPENAI_HISTORY_CHARS", d.history_chars)?,
+                    },
+                })
+            }
+            other => {
+                return Err(err(
+                    "AGENT_BRAIN",
+                    format!("unknown brain {other:?}, expected builtin or openai"),
+                ));
+            }
+        };
+
         let limits = Limits {
             handshake_timeout: duration("AGENT_HANDSHAKE_TIMEOUT", defaults.handshake_timeout)?,
             ping_interval: duration("AGENT_PING_INTERVAL", defaults.ping_interval)?,
             idle_timeout: duration("AGENT_IDLE_TIMEOUT", defaults.idle_timeout)?,
             approval_timeout: duration("AGENT_APPROVAL_TIMEOUT", defaults.approval_timeout)?,
             ask_timeout: duration("AGENT_ASK_TIMEOUT", defaults.ask_timeout)?,
+            delivery_timeout: duration("AGENT_DELIVERY_TIMEOUT", defaults.delivery_timeout)?,
             max_file_size: match get("AGENT_MAX_FILE_SIZE") {
                 None => defaults.max_file_size,
                 Some(v) => v
@@ -419,6 +512,9 @@ mod tests {
         assert!(matches!(c.brain, BrainConfig::Builtin));
         assert_eq!(c.tool_policy["dangerous_action"], Policy::Ask);
         assert_eq!(c.tool_policy["write_file"], Policy::Allow);
+        for memory_tool in ["remember", "recall", "forget"] {
+            assert_eq!(c.tool_policy[memory_tool], Policy::Allow, "{memory_tool}");
+        }
     }
 
     #[test]
@@ -488,7 +584,10 @@ mod tests {
     fn policy_overrides_and_secrets_stay_hidden() {
         let c = load(&[
             TOKEN,
-            ("AGENT_TOOL_POLICY", "write_file=ask, send_file=deny"),
+            (
+                "AGENT_TOOL_POLICY",
+                "write_file=ask, send_file=deny, remember=ask, forget=deny",
+            ),
             ("AGENT_BRAIN", "openai"),
             ("OPENAI_BASE_URL", "http://127.0.0.1:1/v1/"),
             ("OPENAI_MODEL", "m"),
@@ -503,6 +602,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.tool_policy["write_file"], Policy::Ask);
         assert_eq!(c.tool_policy["send_file"], Policy::Deny);
+        assert_eq!(c.tool_policy["remember"], Policy::Ask);
+        assert_eq!(c.tool_policy["forget"], Policy::Deny);
+        assert_eq!(c.tool_policy["recall"], Policy::Allow);
         assert_eq!(c.limits.ping_interval, Duration::from_secs(5));
         assert_eq!(c.limits.max_file_size, 1024 * 1024);
         assert_eq!(c.limits.head_timeout, Duration::from_secs(2));

@@ -8,7 +8,8 @@
 //! * [`state`]: [`AppState`], what every connection shares, built once at start.
 //! * [`brain`]: the `Brain` trait, the builtin command interpreter and the OpenAI client.
 //! * [`turn`]: what a running turn may do ([`turn::TurnIo`]).
-//! * [`tools`]: the typed tool registry applying the policies; the tools themselves.
+//! * [`tools`]: the typed tool registry applying the policies; the tools themselves (files,
+//!   questions, memory).
 //! * [`link`]: the way from a turn to the surface and back: emit, ask, wait for approvals.
 //! * [`chat`]: one chat's durable history, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).
@@ -19,6 +20,8 @@
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
 //! * [`store`]: one append-only log per chat (a JSON line per change, fsynced), indexed in
 //!   memory; older single-record chats converted on load.
+//! * [`memory`]: the durable fact store of the memory tools: one file per Matrix user and per
+//!   room, replaced atomically under a per-scope lock.
 
 pub mod brain;
 pub mod chat;
@@ -27,6 +30,7 @@ pub mod confine;
 pub mod connection;
 pub mod describe;
 pub mod link;
+pub mod memory;
 pub mod server;
 pub mod session;
 pub mod state;

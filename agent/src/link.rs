@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use protocol::{ApprovalRequest, AskUser, Decision, ToSurface};
+use protocol::{
+    ApprovalRequest, AskUser, Decision, DeliveryResult, SendFile, ToSurface, WorkspacePath,
+};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
@@ -22,6 +24,7 @@ pub fn new_id(prefix: &str) -> String {
 pub struct Replies {
     approvals: Mutex<HashMap<String, oneshot::Sender<Decision>>>,
     answers: Mutex<HashMap<String, oneshot::Sender<String>>>,
+    deliveries: Mutex<HashMap<String, oneshot::Sender<DeliveryResult>>>,
 }
 
 impl Replies {
@@ -35,6 +38,12 @@ impl Replies {
     pub fn answer(&self, question_id: &str, text: String) -> bool {
         let waiter = lock(&self.answers).remove(question_id);
         waiter.is_some_and(|tx| tx.send(text).is_ok())
+    }
+
+    /// Delivers the surface's report on a `send_file`; `false` if nothing waits for it.
+    pub fn delivery(&self, result: DeliveryResult) -> bool {
+        let waiter = lock(&self.deliveries).remove(&result.request_id);
+        waiter.is_some_and(|tx| tx.send(result).is_ok())
     }
 }
 
@@ -136,6 +145,39 @@ impl Link {
             Err(_) => {
                 warn!(request_id, "approval timed out: deny");
                 Ok(Decision::Deny)
+            }
+        }
+    }
+
+    /// Asks the surface to post `path` to the room and waits for its `delivery_result` (so a
+    /// tool never reports "sent" for a file the room did not get); `None` when no report came
+    /// within the delivery timeout.
+    pub async fn send_file(
+        &self,
+        turn: &str,
+        path: WorkspacePath,
+        caption: Option<String>,
+    ) -> Result<Option<DeliveryResult>, Closed> {
+        let request_id = new_id("send");
+        let (tx, rx) = oneshot::channel();
+        lock(&self.replies.deliveries).insert(request_id.clone(), tx);
+        let _waiting = Waiting {
+            map: &self.replies.deliveries,
+            id: request_id.clone(),
+        };
+        self.emit(SendFile {
+            turn: turn.to_owned(),
+            request_id: request_id.clone(),
+            path,
+            caption,
+        })
+        .await?;
+        match tokio::time::timeout(self.limits.delivery_timeout, rx).await {
+            Ok(Ok(result)) => Ok(Some(result)),
+            Ok(Err(_)) => Err(Closed),
+            Err(_) => {
+                warn!(request_id, "no delivery report in time");
+                Ok(None)
             }
         }
     }

@@ -158,6 +158,9 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
                 } else {
                     warn!(request_id = %r.request_id, error = r.error.as_deref().unwrap_or(""), "delivery failed");
                 }
+                // A report for a request nobody waits for (its turn ended, or it came after
+                // the timeout) is only logged.
+                replies.delivery(r);
             }
             ToAgent::Cancel(c) => cancel_turn(&chat, &out, &running, &c.turn).await,
             ToAgent::Unknown => {}

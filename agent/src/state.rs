@@ -1,5 +1,5 @@
 //! The state every connection shares, built once at start from the lower modules: the
-//! configuration, the workspace handle, the chats, the tool registry and the brain.
+//! configuration, the workspace handle, the chats, the memory, the tool registry and the brain.
 
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use crate::brain::{self, Brain};
 use crate::chat::Chats;
 use crate::config::Config;
 use crate::confine::Workspace;
+use crate::memory::{Memory, MemoryError};
 use crate::store::{Store, StoreError};
 use crate::tools::Registry;
 
@@ -24,6 +25,8 @@ pub struct AppState {
     pub chats: Arc<Chats>,
     /// The tools.
     pub registry: Arc<Registry>,
+    /// The memory tools' durable facts, per user and per room.
+    pub memory: Memory,
     /// The brain.
     pub brain: Arc<dyn Brain>,
     /// Fires on shutdown.
@@ -46,6 +49,9 @@ pub enum StateError {
     /// The state directory cannot be used.
     #[error("AGENT_STATE_DIR: {0}")]
     Store(#[from] StoreError),
+    /// The memory folder in the state directory cannot be used.
+    #[error("AGENT_STATE_DIR: {0}")]
+    Memory(#[from] MemoryError),
 }
 
 impl AppState {
@@ -61,6 +67,7 @@ impl AppState {
                 source,
             })?;
         let store = Store::open(&config.state_dir)?;
+        let memory = Memory::open(&config.state_dir)?;
         let registry = Arc::new(Registry::new(config.tool_policy.clone()));
         let brain = brain::from_config(&config);
         Ok(Self {
@@ -68,6 +75,7 @@ impl AppState {
             workspace,
             chats: Arc::new(Chats::new(store)),
             registry,
+            memory,
             brain,
             shutdown,
             tracker,

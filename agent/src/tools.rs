@@ -5,6 +5,7 @@
 
 mod files;
 mod interact;
+mod memory;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -19,10 +20,12 @@ use tracing::{info, instrument, warn};
 
 pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, WriteFile};
 pub use interact::{AskUserTool, DangerousAction};
+pub use memory::{Forget, MemoryScope, Recall, Remember};
 
 use crate::config::Policy;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
 use crate::link::{Link, new_id};
+use crate::memory::Memory;
 
 /// Why a tool call did not produce a result. The message goes back to the brain.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +92,8 @@ pub struct ToolCx<'a> {
     pub user: &'a str,
     /// The way to the surface (emit messages, ask, approve).
     pub link: &'a Link,
+    /// The agent's durable memory (the memory tools reach the user's and the room's scopes).
+    pub memory: &'a Memory,
 }
 
 /// A tool: typed arguments and a function over the confined workspace.
@@ -97,6 +102,8 @@ pub trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
     /// What it does, for the model.
     const DESCRIPTION: &'static str;
+    /// Whether the tool only looks (a repeated call may run again: its result can change).
+    const READ_ONLY: bool = false;
     /// Arguments; the JSON schema given to models is derived from this type.
     type Args: DeserializeOwned + JsonSchema + Send + Sync + 'static;
 
@@ -122,6 +129,7 @@ pub trait Tool: Send + Sync + 'static {
 /// Object-safe view of a [`Tool`].
 trait DynTool: Send + Sync {
     fn name(&self) -> &'static str;
+    fn read_only(&self) -> bool;
     fn description(&self) -> &'static str;
     fn schema(&self) -> serde_json::Value;
     fn parse(
@@ -150,6 +158,10 @@ impl<T: Tool> Erased<T> {
 impl<T: Tool> DynTool for Erased<T> {
     fn name(&self) -> &'static str {
         T::NAME
+    }
+
+    fn read_only(&self) -> bool {
+        T::READ_ONLY
     }
 
     fn description(&self) -> &'static str {
@@ -249,12 +261,20 @@ impl Registry {
         add::<AskUserTool>(&mut tools);
         add::<DangerousAction>(&mut tools);
         add::<DescribeFile>(&mut tools);
+        add::<Remember>(&mut tools);
+        add::<Recall>(&mut tools);
+        add::<Forget>(&mut tools);
         Self { tools, policies }
     }
 
     /// The policy of a tool.
     pub fn policy(&self, name: &str) -> Policy {
         self.policies.get(name).copied().unwrap_or(Policy::Deny)
+    }
+
+    /// Whether `name` is a tool that only looks.
+    pub fn is_read_only(&self, name: &str) -> bool {
+        self.tools.get(name).is_some_and(|t| t.read_only())
     }
 
     /// Tools a model may call (those not denied), with generated schemas.
@@ -424,6 +444,20 @@ mod tests {
         let required = write.parameters["required"].as_array().unwrap();
         assert!(required.contains(&serde_json::json!("path")));
         assert!(required.contains(&serde_json::json!("content")));
+
+        // The memory scope is a plain string enum with a default, so `fact` alone is required.
+        let remember = registry
+            .specs()
+            .into_iter()
+            .find(|s| s.name == "remember")
+            .unwrap();
+        assert_eq!(remember.parameters["required"], serde_json::json!(["fact"]));
+        let scope = &remember.parameters["properties"]["scope"];
+        assert_eq!(
+            scope["enum"],
+            serde_json::json!(["user", "room"]),
+            "{scope}"
+        );
     }
 
     #[test]

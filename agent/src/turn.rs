@@ -10,6 +10,7 @@ use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
 use crate::connection::Closed;
 use crate::describe::{FileDescription, describe};
 use crate::link::{Link, new_id};
+use crate::memory::Memory;
 use crate::tools::{Registry, ToolCx, ToolOutcome, TurnGrants};
 
 /// What a brain gets to act during one turn.
@@ -18,6 +19,7 @@ pub struct TurnIo {
     link: Link,
     ws: ScopedWorkspace,
     registry: Arc<Registry>,
+    memory: Memory,
     turn: String,
     /// Who started the turn.
     user: String,
@@ -32,6 +34,7 @@ impl TurnIo {
         link: Link,
         ws: ScopedWorkspace,
         registry: Arc<Registry>,
+        memory: Memory,
         turn: String,
         user: String,
     ) -> Self {
@@ -39,6 +42,7 @@ impl TurnIo {
             link,
             ws,
             registry,
+            memory,
             turn,
             user,
             grants: TurnGrants::new(),
@@ -84,6 +88,7 @@ impl TurnIo {
             turn: &self.turn,
             user: &self.user,
             link: &self.link,
+            memory: &self.memory,
         };
         let outcome = self
             .registry

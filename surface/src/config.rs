@@ -68,6 +68,9 @@ pub struct Config {
     /// `SURFACE_KEY_WAIT`: how long a chat waits for the room key of a message that could not
     /// be decrypted before the room is told and later messages are answered.
     pub key_wait: Duration,
+    /// `SURFACE_STREAM_EDITS`: while the agent is still writing an answer, show it in one
+    /// message edited at most this often (`None`, `off`: post answers only when complete).
+    pub stream_interval: Option<Duration>,
     /// `MATRIX_RECOVERY_KEY`: the recovery key (or passphrase) that restores the bot's
     /// cross-signing identity and key backup on a new state directory.
     pub recovery_key: Option<Secret>,
@@ -75,6 +78,9 @@ pub struct Config {
 
 /// How long a chat waits for a late room key by default.
 pub const DEFAULT_KEY_WAIT: Duration = Duration::from_secs(60);
+/// How often a streamed answer is edited by default: about as fast as a homeserver's default
+/// message rate limit lets a long answer go on.
+pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_secs(2);
 /// Default of `SURFACE_MAX_BOT_TURNS`.
 pub const DEFAULT_MAX_BOT_TURNS: u32 = 3;
 
@@ -264,6 +270,19 @@ impl Config {
             Some(v) => humantime::parse_duration(&v)
                 .map_err(|e| invalid("SURFACE_KEY_WAIT", format!("{e} (e.g. 60s)")))?,
         };
+        let stream_interval = match get("SURFACE_STREAM_EDITS").as_deref() {
+            Some("off") => None,
+            None => Some(DEFAULT_STREAM_INTERVAL),
+            Some(v) => {
+                let d = humantime::parse_duration(v).map_err(|e| {
+                    invalid("SURFACE_STREAM_EDITS", format!("{e} (e.g. 2s or off)"))
+                })?;
+                if d < Duration::from_millis(200) {
+                    return Err(invalid("SURFACE_STREAM_EDITS", "must be at least 200ms"));
+                }
+                Some(d)
+            }
+        };
         let recovery_key = get("MATRIX_RECOVERY_KEY").map(Secret::new);
 
         Ok(Self {
@@ -284,6 +303,7 @@ impl Config {
             inbox_retention,
             offline_notice_after,
             key_wait,
+            stream_interval,
             recovery_key,
         })
     }

@@ -5,6 +5,7 @@
 
 mod effects;
 mod inbound;
+mod live;
 mod turn;
 
 use std::sync::Arc;

@@ -29,6 +29,28 @@ pub fn notice_txn_id(event_id: &str, kind: &str) -> OwnedTransactionId {
     hashed_txn(kind, &[event_id.as_bytes()])
 }
 
+/// The transaction id of the message showing output number `index` while it is being written
+/// (then edited into the answer's first part, with [`final_edit_txn_id`]).
+pub fn live_txn_id(trigger_event_id: &str, index: u32) -> OwnedTransactionId {
+    hashed_txn("live", &[trigger_event_id.as_bytes(), &index.to_be_bytes()])
+}
+
+/// The transaction id of the edit that makes a shown answer final.
+pub fn final_edit_txn_id(trigger_event_id: &str, index: u32) -> OwnedTransactionId {
+    hashed_txn(
+        "final",
+        &[trigger_event_id.as_bytes(), &index.to_be_bytes()],
+    )
+}
+
+/// The first postable part of a markdown answer (what a message shows while it is written).
+pub fn first_part(text: &str) -> String {
+    split_markdown(text, PART_BYTES)
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+}
+
 fn hashed_txn(kind: &str, parts: &[&[u8]]) -> OwnedTransactionId {
     let mut h = Sha256::new();
     h.update(kind.as_bytes());

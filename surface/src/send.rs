@@ -195,6 +195,36 @@ where
     }
 }
 
+/// Sends `content` once, without a journal record or retries: for updates that the next one
+/// supersedes (the edits of an answer being written). On failure returns how long to hold
+/// off: what a rate-limited homeserver asked for, else `None`.
+pub async fn try_once<C>(room: &Room, content: C, purpose: &str) -> Result<(), Option<Duration>>
+where
+    C: MessageLikeEventContent + Serialize + Clone,
+{
+    let sent = room.send(content).with_request_config(
+        RequestConfig::new()
+            .disable_retry()
+            .timeout(Duration::from_secs(20)),
+    );
+    match sent.await {
+        Ok(_) => Ok(()),
+        Err(err) => {
+            let observed = observe(&err);
+            let wait = match verdict(&observed) {
+                Verdict::RateLimited(asked) => Some(
+                    asked
+                        .unwrap_or(Duration::from_secs(10))
+                        .min(MAX_RETRY_AFTER),
+                ),
+                _ => None,
+            };
+            info!(room_id = %room.room_id(), purpose, error = %err, wait_ms = wait.map(|w| w.as_millis() as u64), "update not sent; the next one replaces it");
+            Err(wait)
+        }
+    }
+}
+
 /// Tells the room that the post `failed` was refused: a notice in the same place, or, when even
 /// that is refused (e.g. the bot may not post messages there), a ⚠️ reaction on the message it
 /// answered. The log line and the parked record are already written by [`post`].

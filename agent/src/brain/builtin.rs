@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::{Brain, BrainError, TurnInput};
 use crate::describe::display_name;
+use crate::memory::parse_id;
 use crate::turn::TurnIo;
 
 /// The offline brain.
@@ -43,6 +44,10 @@ const HELP: &str = "I understand these commands:\n\
 - `ask <question>`: ask you a question and echo your answer\n\
 - `approve <anything>`: try an action that needs your approval\n\
 - `history`: how many earlier turns and attachments this chat has\n\
+- `remember <fact>`: remember a fact for you (only your own turns recall it)\n\
+- `remember room <fact>`: remember a fact for everyone in this room\n\
+- `recall [words]`: what I remember for you and this room (only facts containing <words>)\n\
+- `forget <id>`: forget a fact by the id `recall` shows\n\
 Attach files and I describe them: name, MIME type, size, sha256, image size, first lines.";
 
 /// A parsed command (decided before anything is done).
@@ -66,6 +71,14 @@ pub enum Command<'a> {
     Approve(&'a str),
     /// `history`
     History,
+    /// `remember <fact>`: a fact in the sender's memory.
+    Remember(&'a str),
+    /// `remember room <fact>`: a fact in the room's memory.
+    RememberRoom(&'a str),
+    /// `recall [query]`
+    Recall(Option<&'a str>),
+    /// `forget <id>`
+    Forget(&'a str),
     /// `sleep <ms>` (test hook)
     Sleep(u64),
     /// `approve3 <anything>` (test hook): the same action needing approval, three times in one
@@ -101,6 +114,15 @@ pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
             rest
         }),
         "history" => Command::History,
+        "remember" if !rest.is_empty() => match rest.split_once(char::is_whitespace) {
+            Some((w, fact)) if w.eq_ignore_ascii_case("room") => {
+                Command::RememberRoom(fact.trim_start())
+            }
+            _ if rest.eq_ignore_ascii_case("room") => Command::Other(text),
+            _ => Command::Remember(rest),
+        },
+        "recall" => Command::Recall((!rest.is_empty()).then_some(rest)),
+        "forget" if !rest.is_empty() => Command::Forget(rest),
         "sleep" if test_hooks => match rest.parse::<u64>() {
             Ok(ms) => Command::Sleep(ms.min(MAX_SLEEP_MS)),
             Err(_) => Command::Other(text),
@@ -199,6 +221,18 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             }
         }
         Command::History => history(input),
+        Command::Remember(fact) => remember(io, fact, "user").await,
+        Command::RememberRoom(fact) => remember(io, fact, "room").await,
+        Command::Recall(query) => recall(io, query).await,
+        Command::Forget(id) => {
+            let args = json!({ "id": id }).to_string();
+            let out = io.call_tool("forget", &args).await;
+            if out.ok {
+                format!("Forgot {}.", quoted(id))
+            } else {
+                format!("I could not forget {}: {}", quoted(id), out.output)
+            }
+        }
         Command::ApproveThrice(action) => {
             let args = json!({ "action": action }).to_string();
             let mut outcomes = Vec::new();
@@ -286,6 +320,66 @@ async fn send(io: &mut TurnIo, path: &str) -> String {
     }
 }
 
+async fn remember(io: &mut TurnIo, fact: &str, scope: &str) -> String {
+    let args = json!({ "fact": fact, "scope": scope }).to_string();
+    let out = io.call_tool("remember", &args).await;
+    if out.ok {
+        // `Remembered as u1.`: the tool's sentence names only the id.
+        out.output
+    } else {
+        format!("I could not remember that: {}", out.output)
+    }
+}
+
+async fn recall(io: &mut TurnIo, query: Option<&str>) -> String {
+    let args = json!({ "query": query }).to_string();
+    let out = io.call_tool("recall", &args).await;
+    if !out.ok {
+        return format!("I could not recall: {}", out.output);
+    }
+    let facts = recalled_lines(&out.output);
+    if facts.is_empty() {
+        return match query {
+            Some(q) => format!("I remember nothing containing {}.", quoted(q)),
+            None => "I remember nothing for you or this room yet.".to_owned(),
+        };
+    }
+    let mut reply = "What I remember:".to_owned();
+    for line in facts {
+        reply.push_str("\n- ");
+        reply.push_str(&line);
+    }
+    reply
+}
+
+/// The `recall` tool's lines (`<id> (<scope>): <fact>`) for people: the facts quoted, the
+/// user scope called theirs, other lines (a count of facts not shown) as they are. Empty if no
+/// line is a fact (nothing remembered, or nothing matched).
+fn recalled_lines(output: &str) -> Vec<String> {
+    fn fact(line: &str) -> Option<(&str, &str, &str)> {
+        let (head, fact) = line.split_once("): ")?;
+        let (id, scope) = head.split_once(" (")?;
+        parse_id(id).map(|_| (id, scope, fact))
+    }
+    if !output.lines().any(|l| fact(l).is_some()) {
+        return Vec::new();
+    }
+    output
+        .lines()
+        .map(|line| match fact(line) {
+            Some((id, scope, fact)) => {
+                let whose = if scope == "room" {
+                    "this room"
+                } else {
+                    "yours"
+                };
+                format!("{} ({whose}): {}", quoted(id), quoted(fact))
+            }
+            None => line.to_owned(),
+        })
+        .collect()
+}
+
 fn history(input: &TurnInput) -> String {
     let turns = input.history.earlier;
     let attachments = input.history.attachments;
@@ -332,6 +426,22 @@ mod tests {
             ("approve3 x", Command::ApproveThrice("x")),
             ("sleep 999999", Command::Sleep(60_000)),
             ("sleep soon", Command::Other("sleep soon")),
+            ("remember I like tea", Command::Remember("I like tea")),
+            (
+                "Remember  roommate is Bob",
+                Command::Remember("roommate is Bob"),
+            ),
+            (
+                "remember room standup at 10",
+                Command::RememberRoom("standup at 10"),
+            ),
+            ("remember ROOM  standup", Command::RememberRoom("standup")),
+            ("remember room", Command::Other("remember room")),
+            ("remember", Command::Other("remember")),
+            ("recall", Command::Recall(None)),
+            ("recall  green tea ", Command::Recall(Some("green tea"))),
+            ("forget u3", Command::Forget("u3")),
+            ("forget", Command::Other("forget")),
             ("hello there", Command::Other("hello there")),
         ];
         for (input, expected) in cases {
@@ -357,6 +467,35 @@ mod tests {
         assert_eq!(quoted("a `b` c"), "``a `b` c``");
         assert_eq!(quoted("`x"), "`` `x ``");
         assert_eq!(quoted("[l](http://e)\nnext"), "`[l](http://e) next`");
+    }
+
+    #[test]
+    fn recalled_facts_are_quoted_for_people() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "u1 (user @a:x): likes *tea*\nr2 (room): standup at ten",
+                &[
+                    "`u1` (yours): `likes *tea*`",
+                    "`r2` (this room): `standup at ten`",
+                ],
+            ),
+            (
+                "u1 (user @a:x): a): b\n(3 more; recall with a query to narrow the list)",
+                &[
+                    "`u1` (yours): `a): b`",
+                    "(3 more; recall with a query to narrow the list)",
+                ],
+            ),
+            ("No facts remembered.", &[]),
+            ("No remembered fact contains \"x): y\".", &[]),
+            ("No remembered fact contains \"a (b): c\".", &[]),
+        ];
+        for (output, expected) in cases {
+            assert_eq!(recalled_lines(output), *expected, "{output:?}");
+        }
+        for command in ["remember <fact>", "remember room", "recall", "forget <id>"] {
+            assert!(HELP.contains(command), "{command}");
+        }
     }
 
     #[test]

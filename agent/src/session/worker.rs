@@ -123,6 +123,7 @@ async fn run_turn(
         link.clone(),
         ws,
         app.registry.clone(),
+        app.memory.clone(),
         id.to_owned(),
         turn.sender.user_id.clone(),
     );

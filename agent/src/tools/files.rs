@@ -1,13 +1,12 @@
 //! File tools: list, read, describe, write (own folder only) and send, all through the
 //! chat's [`ScopedWorkspace`].
 
-use protocol::{SendFile, WorkspacePath};
+use protocol::WorkspacePath;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{Tool, ToolCx, ToolError, ToolOutput, blocking};
 use crate::confine::ChatScope;
-use crate::link::new_id;
 
 /// Largest text `read_file` returns.
 const MAX_READ_BYTES: u64 = 64 * 1024;
@@ -30,6 +29,7 @@ pub struct ListFilesArgs {
 
 impl Tool for ListFiles {
     const NAME: &'static str = "list_files";
+    const READ_ONLY: bool = true;
     const DESCRIPTION: &'static str =
         "List the files this chat can see (its own folder and its room's inbox/outbox) with sizes.";
     type Args = ListFilesArgs;
@@ -73,6 +73,7 @@ pub struct ReadFileArgs {
 
 impl Tool for ReadFile {
     const NAME: &'static str = "read_file";
+    const READ_ONLY: bool = true;
     const DESCRIPTION: &'static str = "Read a UTF-8 text file the chat can see (at most 64 KiB).";
     type Args = ReadFileArgs;
 
@@ -115,6 +116,7 @@ pub struct DescribeFileArgs {
 
 impl Tool for DescribeFile {
     const NAME: &'static str = "describe_file";
+    const READ_ONLY: bool = true;
     const DESCRIPTION: &'static str =
         "Describe a file: name, MIME type, size, sha256, image dimensions, first lines of text.";
     type Args = DescribeFileArgs;
@@ -203,18 +205,29 @@ impl Tool for SendFileTool {
             Ok::<u64, ToolError>(f.size)
         })
         .await?;
-        let request_id = new_id("send");
-        cx.link
-            .emit(SendFile {
-                turn: cx.turn.to_owned(),
-                request_id: request_id.clone(),
-                path: args.path.clone(),
-                caption: args.caption,
-            })
+        let report = cx
+            .link
+            .send_file(cx.turn, args.path.clone(), args.caption)
             .await
             .map_err(|_| ToolError::Disconnected)?;
+        let text = match report {
+            Some(r) if r.ok => format!("sent {} ({size} bytes) to the room", args.path),
+            Some(r) => {
+                return Err(ToolError::Failed(format!(
+                    "the room did not get {}: {}",
+                    args.path,
+                    r.error.as_deref().unwrap_or("delivery failed")
+                )));
+            }
+            None => {
+                return Err(ToolError::Failed(format!(
+                    "no delivery report for {} in time; it may still arrive",
+                    args.path
+                )));
+            }
+        };
         Ok(ToolOutput {
-            text: format!("sent {} ({size} bytes) to the room", args.path),
+            text,
             sent_file: Some(args.path),
         })
     }

@@ -9,6 +9,8 @@ mod connection;
 mod fuzz;
 mod history_cost;
 mod hostile;
+mod memory;
+mod model_faults;
 mod openai;
 mod persistence;
 mod replay;

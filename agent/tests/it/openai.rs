@@ -68,11 +68,11 @@ async fn completions(
 
 async fn agent_with(base: String) -> TestAgent {
     TestAgent::start_with(|c| {
-        c.brain = BrainConfig::OpenAi(OpenAiConfig {
-            base_url: base,
-            model: "fake-model".into(),
-            api_key: Some(Secret::new("sk-test")),
-        });
+        c.brain = BrainConfig::OpenAi(OpenAiConfig::new(
+            base,
+            "fake-model",
+            Some(Secret::new("sk-test")),
+        ));
     })
     .await
 }
@@ -145,18 +145,34 @@ async fn streams_text_and_runs_tool_calls() {
 
 #[tokio::test]
 async fn repeated_approvals_in_one_turn_are_coalesced() {
+    // Two writes of one file (different contents, so two calls): one approval prompt.
     let fake = Fake::default();
-    let args = r#"{"action":"reboot"}"#;
+    let path = format!("chats/{}/plan.txt", chat());
     let base = fake
         .start(vec![
             sse(&[
-                tool_call(0, "c1", "dangerous_action", args),
-                tool_call(1, "c2", "dangerous_action", args),
+                tool_call(
+                    0,
+                    "c1",
+                    "write_file",
+                    &json!({"path": path, "content": "a"}).to_string(),
+                ),
+                tool_call(
+                    1,
+                    "c2",
+                    "write_file",
+                    &json!({"path": path, "content": "b"}).to_string(),
+                ),
             ]),
             sse(&[json!({"choices":[{"delta":{"content":"Both done."}}]})]),
         ])
         .await;
-    let agent = agent_with(base).await;
+    let agent = TestAgent::start_with(|c| {
+        c.brain = BrainConfig::OpenAi(OpenAiConfig::new(base, "fake-model", None));
+        c.tool_policy
+            .insert("write_file".into(), agent::config::Policy::Ask);
+    })
+    .await;
     let (mut c, _) = agent.connect(&chat()).await;
     c.submit(message(1, "$o1", "reboot twice")).await;
     let asked = c
@@ -167,7 +183,7 @@ async fn repeated_approvals_in_one_turn_are_coalesced() {
     };
     assert_eq!(
         (r.tool.as_str(), r.resource.as_str()),
-        ("dangerous_action", "reboot")
+        ("write_file", path.as_str())
     );
     c.send(ApprovalDecision {
         request_id: r.request_id.clone(),

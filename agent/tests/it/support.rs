@@ -106,7 +106,10 @@ impl TestAgent {
             tokio_tungstenite::connect_async(request(&self.url(chat.as_str()), Some(TOKEN), None))
                 .await
                 .expect("connect");
-        Client { ws }
+        Client {
+            ws,
+            delivery_error: None,
+        }
     }
 
     /// Connects and completes the handshake.
@@ -192,6 +195,9 @@ pub fn message(seq: u64, id: &str, text: &str) -> UserMessage {
 
 pub struct Client {
     pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// How this test surface reports `send_file` requests: delivered (`None`), or failed with
+    /// this error; `expect` answers each one as it passes.
+    pub delivery_error: Option<String>,
 }
 
 /// Everything one turn produced, in order, up to and including its `end`.
@@ -266,7 +272,18 @@ impl Client {
     }
 
     pub async fn expect(&mut self) -> ToSurface {
-        self.recv().await.expect("connection still open")
+        let msg = self.recv().await.expect("connection still open");
+        if let ToSurface::SendFile(f) = &msg {
+            let error = self.delivery_error.clone();
+            self.send(ToAgent::DeliveryResult(protocol::DeliveryResult {
+                request_id: f.request_id.clone(),
+                ok: error.is_none(),
+                event_id: error.is_none().then(|| "$delivered".to_owned()),
+                error,
+            }))
+            .await;
+        }
+        msg
     }
 
     /// Waits for the close: returns the close frame if the agent sent one.

@@ -50,6 +50,20 @@ impl Journal {
         })
     }
 
+    /// The event a transaction was posted as, if it went through.
+    pub fn posted_event(&self, txn_id: &str) -> Result<Option<String>> {
+        use rusqlite::OptionalExtension;
+        let id = self
+            .conn()
+            .query_row(
+                "SELECT event_id FROM sends WHERE txn_id = ?1",
+                [txn_id],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()?;
+        Ok(id.flatten())
+    }
+
     /// Parks the send `txn_id`: the homeserver refused it for good. Its content is kept for
     /// an operator to inspect; it is never tried again.
     pub fn park_send(&self, txn_id: &str, failure: &str, content_json: &str) -> Result<()> {

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use matrix_sdk::Room;
 use matrix_sdk::ruma::OwnedEventId;
-use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
+use matrix_sdk::ruma::events::room::message::{
+    ReplacementMetadata, RoomMessageEventContent, RoomMessageEventContentWithoutRelation,
+};
+use matrix_sdk::ruma::{EventId, OwnedTransactionId};
 use protocol::{
     ApprovalDecision, ApprovalRequest, AskUser, Decision as ApprovalChoice, DeliveryResult,
     SendFile, ToAgent, UserMessage,
@@ -16,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, instrument, warn};
 
 use super::Lane;
+use super::live::{self, Live, LiveStep};
 use super::turn::{Input, Outcome, Step, TurnState};
 use crate::agent_link::LinkEvent;
 use crate::media;
@@ -44,6 +48,10 @@ pub(super) struct Turn {
     out_index: u32,
     /// Shutdown came before one of its posts went out: the turn must stay open.
     interrupted: bool,
+    /// The answer shown while it is being written.
+    live: Live,
+    /// What the live message shows now.
+    live_text: String,
 }
 
 impl Lane {
@@ -69,6 +77,8 @@ impl Lane {
             user: msg.sender.user_id.clone(),
             out_index: 0,
             interrupted: false,
+            live: Live::default(),
+            live_text: String::new(),
         };
         let mut state = TurnState::new(&msg.id, msg.seq, self.ctx.config.show_tool_calls);
         // While recovering, a fixed deadline: reconnects of the link must not extend it, or a
@@ -93,6 +103,7 @@ impl Lane {
             for step in state.on(input) {
                 match step {
                     Step::Answer(text) => self.answer(&mut turn, &text).await,
+                    Step::Progress => self.progress(&mut turn, state.pending_text()).await,
                     Step::Notice { text, purpose } => {
                         if purpose == "turn-failed" {
                             warn!(notice = %text, "turn did not complete");
@@ -134,10 +145,78 @@ impl Lane {
         }
     }
 
-    /// Posts answer text (in as many messages as it takes).
+    /// Posts answer text (in as many messages as it takes). An answer shown while it was
+    /// written (now, or before a restart) has its message edited to the first part instead.
     async fn answer(&self, turn: &mut Turn, text: &str) {
-        for content in turn.target.markdown_parts(text) {
+        let index = turn.out_index;
+        let live = match turn.live.event_id.take() {
+            Some(id) => Some(id),
+            None => self
+                .ctx
+                .journal
+                .posted_event(render::live_txn_id(&turn.turn, index).as_str())
+                .unwrap_or_else(|e| {
+                    warn!(error = %e, "journal lookup failed");
+                    None
+                }),
+        };
+        turn.live.reset();
+        turn.live_text.clear();
+        let mut parts = turn.target.markdown_parts(text).into_iter();
+        if let Some(id) = live.and_then(|id| EventId::parse(id).ok()) {
+            let Some(first) = parts.next() else { return };
+            turn.out_index += 1;
+            let edit = RoomMessageEventContentWithoutRelation::new(first.msgtype)
+                .make_replacement(ReplacementMetadata::new(id, None));
+            let txn = render::final_edit_txn_id(&turn.turn, index);
+            self.post_as(turn, edit, "answer-final", txn).await;
+        }
+        for content in parts {
             self.post(turn, content, "answer").await;
+        }
+    }
+
+    /// More answer text arrived: shows it, when streaming is on and it is time (see
+    /// [`live::next`]).
+    async fn progress(&self, turn: &mut Turn, text: &str) {
+        let interval = self.ctx.config.stream_interval;
+        let Some(pace) = interval else { return };
+        let now = tokio::time::Instant::now();
+        turn.live.text_at(now);
+        let text = text.trim();
+        let chars = text.chars().count();
+        let step = live::next(&turn.live, now, chars, interval);
+        let shown = format!("{}{}", render::first_part(text), live::WRITING);
+        match step {
+            LiveStep::Wait => {}
+            LiveStep::Post => {
+                let txn = render::live_txn_id(&turn.turn, turn.out_index);
+                let content = turn.target.markdown(&shown);
+                let id = self.post_as(turn, content, "answer-live", txn).await;
+                turn.live.event_id = id.map(|id| id.to_string());
+                turn.live.shown(now, chars, pace, None);
+                turn.live_text = shown;
+            }
+            LiveStep::Edit if shown == turn.live_text => turn.live.shown(now, chars, pace, None),
+            LiveStep::Edit => {
+                let Some(id) = turn
+                    .live
+                    .event_id
+                    .as_deref()
+                    .and_then(|id| EventId::parse(id).ok())
+                else {
+                    return;
+                };
+                let edit = RoomMessageEventContentWithoutRelation::new(
+                    render::safe_markdown(&shown).msgtype,
+                )
+                .make_replacement(ReplacementMetadata::new(id, None));
+                let wait = send::try_once(&self.room, edit, "answer-progress")
+                    .await
+                    .err();
+                turn.live.shown(now, chars, pace, wait.flatten());
+                turn.live_text = shown;
+            }
         }
     }
 
@@ -159,6 +238,16 @@ impl Lane {
     ) -> Option<OwnedEventId> {
         let txn = render::txn_id(&turn.turn, turn.out_index);
         turn.out_index += 1;
+        self.post_as(turn, content, purpose, txn).await
+    }
+
+    async fn post_as(
+        &self,
+        turn: &mut Turn,
+        content: RoomMessageEventContent,
+        purpose: &str,
+        txn: OwnedTransactionId,
+    ) -> Option<OwnedEventId> {
         let target = turn.target.clone();
         let out = Outgoing {
             txn: &txn,

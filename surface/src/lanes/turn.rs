@@ -33,6 +33,8 @@ pub enum Input {
 pub enum Step {
     /// Post answer text (markdown; long text becomes several messages).
     Answer(String),
+    /// More answer text arrived ([`TurnState::pending_text`]): show it if it is time.
+    Progress,
     /// Post a notice in the turn's thread.
     Notice {
         /// The text.
@@ -158,7 +160,10 @@ impl TurnState {
                 }
                 steps.push(Step::Finish(Outcome::Ended));
             }
-            ToSurface::TextChunk(t) if mine(&t.turn) => self.text.push_str(&t.text),
+            ToSurface::TextChunk(t) if mine(&t.turn) => {
+                self.text.push_str(&t.text);
+                steps.push(Step::Progress);
+            }
             ToSurface::ToolCallChunk(c) if mine(&c.turn) => {
                 let entry = self.tool_calls.entry(c.call_id).or_default();
                 if !c.name.is_empty() {
@@ -193,6 +198,11 @@ impl TurnState {
             }
             _ => {}
         }
+    }
+
+    /// Answer text not posted yet.
+    pub fn pending_text(&self) -> &str {
+        &self.text
     }
 
     fn recover(&mut self, steps: &mut Vec<Step>) {
@@ -277,8 +287,8 @@ mod tests {
                 false,
                 vec![text("Hel"), text("lo "), end("completed")],
                 vec![
-                    vec![],
-                    vec![],
+                    vec![Step::Progress],
+                    vec![Step::Progress],
                     vec![answer("Hello"), Step::Finish(Outcome::Ended)],
                 ],
             ),
@@ -287,7 +297,7 @@ mod tests {
                 false,
                 vec![text("partial"), end("failed")],
                 vec![
-                    vec![],
+                    vec![Step::Progress],
                     vec![
                         answer("partial"),
                         notice("⚠️ I could not finish this: failed", "turn-failed"),
@@ -300,7 +310,7 @@ mod tests {
                 false,
                 vec![text("here:"), msg(send_file.clone())],
                 vec![
-                    vec![],
+                    vec![Step::Progress],
                     vec![
                         answer("here:"),
                         Step::SendFile(serde_json::from_value(send_file.clone()).unwrap()),
@@ -312,7 +322,7 @@ mod tests {
                 false,
                 vec![text("need ok"), msg(approval.clone()), msg(ask.clone())],
                 vec![
-                    vec![],
+                    vec![Step::Progress],
                     vec![
                         answer("need ok"),
                         Step::Approval(serde_json::from_value(approval.clone()).unwrap()),
@@ -324,7 +334,7 @@ mod tests {
                 "whitespace alone is not posted",
                 false,
                 vec![text("  \n"), end("completed")],
-                vec![vec![], vec![Step::Finish(Outcome::Ended)]],
+                vec![vec![Step::Progress], vec![Step::Finish(Outcome::Ended)]],
             ),
             (
                 "another turn's messages are ignored",
@@ -371,7 +381,7 @@ mod tests {
                 false,
                 vec![text("half"), Input::Quiet],
                 vec![
-                    vec![],
+                    vec![Step::Progress],
                     vec![
                         answer("half"),
                         notice(TIMEOUT_NOTICE, "turn-timeout"),
@@ -412,7 +422,7 @@ mod tests {
                 ],
                 vec![
                     vec![Step::Recover],
-                    vec![Step::Resume],
+                    vec![Step::Resume, Step::Progress],
                     vec![answer("again"), Step::Finish(Outcome::Ended)],
                 ],
             ),
@@ -429,7 +439,10 @@ mod tests {
                 "shutdown leaves the turn open",
                 false,
                 vec![text("x"), Input::Stop],
-                vec![vec![], vec![Step::Finish(Outcome::Interrupted)]],
+                vec![
+                    vec![Step::Progress],
+                    vec![Step::Finish(Outcome::Interrupted)],
+                ],
             ),
             (
                 "agent errors are reported",

@@ -1,0 +1,144 @@
+//! One completion request: sent with a deadline for the response head, tried again while the
+//! server is unreachable, rate limiting (honouring `Retry-After`) or failing with a 5xx —
+//! only before anything was streamed, so no answer is ever shown twice — then its stream read
+//! with an idle deadline between chunks, answer text passed on as it arrives.
+
+use std::time::{Duration, SystemTime};
+
+use backon::{ExponentialBuilder, Retryable};
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures_util::StreamExt;
+use serde_json::Value;
+use tracing::warn;
+
+use super::failure::{Failure, classify, retry_after};
+use super::stream::{self, Assembler, Ending};
+use crate::brain::BrainError;
+use crate::config::OpenAiConfig;
+use crate::turn::TurnIo;
+
+/// The longest `Retry-After` honoured; a server asking for more is treated as rate limiting.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A failed attempt, with the wait the server asked for.
+#[derive(Debug)]
+struct Attempt {
+    failure: Failure,
+    wait: Option<Duration>,
+}
+
+/// Sends `body` and streams the completion into an [`Assembler`], saying answer text through
+/// `io` as it comes.
+pub(super) async fn complete(
+    http: &reqwest::Client,
+    config: &OpenAiConfig,
+    body: &Value,
+    io: &mut TurnIo,
+) -> Result<Assembler, BrainError> {
+    let fail = |f: Failure| BrainError::Model(f.message(&config.model));
+    let response = send(http, config, body).await.map_err(fail)?;
+    let tuning = &config.tuning;
+    let mut events = response.bytes_stream().eventsource();
+    let mut assembler = Assembler::default();
+    while !assembler.done {
+        let next = tokio::time::timeout(tuning.idle_timeout, events.next())
+            .await
+            .map_err(|_| fail(Failure::Stalled(tuning.idle_timeout)))?;
+        let Some(event) = next else { break };
+        let event = event.map_err(|e| {
+            fail(Failure::Broken(match e {
+                EventStreamError::Transport(t) => t.without_url().to_string(),
+                other => other.to_string(),
+            }))
+        })?;
+        if let Some(text) = assembler.feed(&event.data)? {
+            io.say(text).await?;
+        }
+    }
+    if assembler.ending() == Ending::Broken {
+        return Err(fail(Failure::Broken(
+            "it ended before the answer was complete".to_owned(),
+        )));
+    }
+    Ok(assembler)
+}
+
+/// Sends the request until it gets a successful response head, or a failure that waiting does
+/// not fix, or the attempts run out.
+async fn send(
+    http: &reqwest::Client,
+    config: &OpenAiConfig,
+    body: &Value,
+) -> Result<reqwest::Response, Failure> {
+    let tuning = &config.tuning;
+    let attempt = || async {
+        let mut request = http
+            .post(format!("{}/chat/completions", config.base_url))
+            .json(body);
+        if let Some(key) = &config.api_key {
+            request = request.bearer_auth(key.expose());
+        }
+        let response = match tokio::time::timeout(tuning.head_timeout, request.send()).await {
+            Err(_) => {
+                return Err(Attempt {
+                    failure: Failure::NoAnswer(tuning.head_timeout),
+                    wait: None,
+                });
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e.without_url(), "model request failed");
+                return Err(Attempt {
+                    failure: Failure::Unreachable,
+                    wait: None,
+                });
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let wait = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry_after(v, SystemTime::now()));
+        let text = response.text().await.unwrap_or_default();
+        let said = redact(&server_said(&text), config);
+        Err(Attempt {
+            failure: classify(status.as_u16(), &text, &said),
+            wait,
+        })
+    };
+    attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(500))
+                .with_max_delay(Duration::from_secs(8))
+                .with_max_times(tuning.attempts.saturating_sub(1))
+                .with_jitter(),
+        )
+        .when(|a: &Attempt| a.failure.is_passing() && a.wait.is_none_or(|w| w <= MAX_RETRY_AFTER))
+        .adjust(|a: &Attempt, backoff| a.wait.or(backoff))
+        .notify(|a: &Attempt, wait| {
+            warn!(failure = ?a.failure, ?wait, "model request failed; trying again");
+        })
+        .await
+        .map_err(|a| a.failure)
+}
+
+/// What a server's error body says: the `error.message` of a JSON body, else the text.
+fn server_said(text: &str) -> String {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("error").map(stream::error_message))
+        .unwrap_or_else(|| text.chars().take(300).collect())
+}
+
+/// A server that echoes the request must not echo the key into the room.
+fn redact(said: &str, config: &OpenAiConfig) -> String {
+    match &config.api_key {
+        Some(key) if !key.expose().is_empty() => said.replace(key.expose(), "[redacted]"),
+        _ => said.to_owned(),
+    }
+}

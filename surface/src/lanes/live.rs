@@ -1,0 +1,177 @@
+//! An answer shown while the agent is still writing it: one message, posted once the answer
+//! has been streaming for a while and then edited at a bounded rate (never faster than the
+//! configured interval, slower when the homeserver asks), and finally edited to exactly the
+//! answer. Quick answers are never edited: they are posted once, complete. Pure: [`next`]
+//! decides, the lane executes (`lanes::effects`).
+
+use tokio::time::{Duration, Instant};
+
+/// Where the shown answer stands for the current block of text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Live {
+    /// When the block's first text arrived.
+    pub started: Option<Instant>,
+    /// The message showing it, once posted.
+    pub event_id: Option<String>,
+    /// Characters of the answer the message shows.
+    pub shown_chars: usize,
+    /// Not before this may the message change again.
+    pub not_before: Option<Instant>,
+}
+
+/// What to do about the shown answer now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveStep {
+    /// Nothing (too early, nothing new, or streaming is off).
+    Wait,
+    /// Post the answer so far as a new message.
+    Post,
+    /// Edit the message to the answer so far.
+    Edit,
+}
+
+/// The marker after an answer that is still being written.
+pub const WRITING: &str = " …";
+
+/// What to do when the answer so far is `chars` characters long at `now`; `interval` is the
+/// configured pace (`None`: streaming off).
+pub fn next(live: &Live, now: Instant, chars: usize, interval: Option<Duration>) -> LiveStep {
+    let Some(interval) = interval else {
+        return LiveStep::Wait;
+    };
+    if chars == 0 || live.not_before.is_some_and(|t| now < t) {
+        return LiveStep::Wait;
+    }
+    match (&live.event_id, live.started) {
+        (None, Some(started)) if now >= started + interval => LiveStep::Post,
+        (Some(_), _) if chars != live.shown_chars => LiveStep::Edit,
+        _ => LiveStep::Wait,
+    }
+}
+
+impl Live {
+    /// Text arrived at `now`.
+    pub fn text_at(&mut self, now: Instant) {
+        self.started.get_or_insert(now);
+    }
+
+    /// The message now shows `chars` characters; the next change waits for `interval`, or
+    /// for as long as the homeserver asked (`retry_after`, a 429), whichever is longer.
+    pub fn shown(
+        &mut self,
+        now: Instant,
+        chars: usize,
+        interval: Duration,
+        retry_after: Option<Duration>,
+    ) {
+        self.shown_chars = chars;
+        self.not_before = Some(now + interval.max(retry_after.unwrap_or_default()));
+    }
+
+    /// The block is over (posted in full): the next text starts a new one.
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let on = Some(s(2));
+        let started = |at| Live {
+            started: Some(at),
+            ..Live::default()
+        };
+        let posted = |chars, not_before| Live {
+            started: Some(t0),
+            event_id: Some("$e".into()),
+            shown_chars: chars,
+            not_before: Some(not_before),
+        };
+        let cases: &[(&str, Live, Instant, usize, Option<Duration>, LiveStep)] = &[
+            (
+                "streaming off",
+                started(t0),
+                t0 + s(60),
+                10,
+                None,
+                LiveStep::Wait,
+            ),
+            ("nothing yet", Live::default(), t0, 0, on, LiveStep::Wait),
+            (
+                "a quick answer is not shown early",
+                started(t0),
+                t0 + s(1),
+                10,
+                on,
+                LiveStep::Wait,
+            ),
+            (
+                "streaming for a while: post",
+                started(t0),
+                t0 + s(2),
+                10,
+                on,
+                LiveStep::Post,
+            ),
+            (
+                "posted, too soon to edit",
+                posted(10, t0 + s(4)),
+                t0 + s(3),
+                20,
+                on,
+                LiveStep::Wait,
+            ),
+            (
+                "posted, time to edit",
+                posted(10, t0 + s(4)),
+                t0 + s(4),
+                20,
+                on,
+                LiveStep::Edit,
+            ),
+            (
+                "posted, nothing new",
+                posted(20, t0 + s(4)),
+                t0 + s(9),
+                20,
+                on,
+                LiveStep::Wait,
+            ),
+        ];
+        for (name, live, now, chars, interval, want) in cases {
+            assert_eq!(next(live, *now, *chars, *interval), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_rate_limit_stretches_the_wait() {
+        let t0 = Instant::now();
+        let mut live = Live::default();
+        live.text_at(t0);
+        live.text_at(t0 + Duration::from_secs(1));
+        assert_eq!(
+            live.started,
+            Some(t0),
+            "the block started with its first text"
+        );
+        live.event_id = Some("$e".into());
+        live.shown(t0, 5, Duration::from_secs(2), Some(Duration::from_secs(10)));
+        let on = Some(Duration::from_secs(2));
+        assert_eq!(
+            next(&live, t0 + Duration::from_secs(9), 9, on),
+            LiveStep::Wait
+        );
+        assert_eq!(
+            next(&live, t0 + Duration::from_secs(10), 9, on),
+            LiveStep::Edit
+        );
+        live.reset();
+        assert_eq!(live, Live::default());
+    }
+}
