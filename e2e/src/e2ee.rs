@@ -53,6 +53,8 @@ pub struct Received {
     pub in_reply_to: Option<String>,
     /// The event this one edits (`m.replace`).
     pub replaces: Option<String>,
+    /// For an edit: the new `body` (`m.new_content`), what the client shows from then on.
+    pub new_body: Option<String>,
     /// Where the media is, for media messages: [`MediaSource::Encrypted`] in an encrypted room.
     pub source: Option<MediaSource>,
     /// The media's `filename`, if the sender set one.
@@ -67,6 +69,10 @@ pub struct Received {
 
 impl Received {
     fn from_event(ev: &OriginalSyncRoomMessageEvent, was_encrypted: bool) -> Self {
+        let new_body = match &ev.content.relates_to {
+            Some(Relation::Replacement(r)) => Some(r.new_content.msgtype.body().to_owned()),
+            _ => None,
+        };
         let (thread_root, in_reply_to, replaces) = match &ev.content.relates_to {
             Some(Relation::Thread(t)) => (
                 Some(t.event_id.to_string()),
@@ -87,6 +93,7 @@ impl Received {
             thread_root,
             in_reply_to,
             replaces,
+            new_body,
             source: None,
             filename: None,
             mimetype: None,

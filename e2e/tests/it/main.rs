@@ -20,6 +20,7 @@ mod layers;
 mod offline;
 mod outages;
 mod recovery;
+mod streaming;
 
 use std::time::Duration;
 
