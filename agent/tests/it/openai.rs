@@ -220,3 +220,44 @@ async fn a_failing_model_fails_the_turn_cleanly() {
     let error = t.end().error.clone().unwrap();
     assert!(!error.contains("sk-test"));
 }
+
+#[tokio::test]
+async fn a_tool_call_reads_the_attachment_the_user_sent() {
+    let fake = Fake::default();
+    let path = format!("{}/20260101T120001Z-efgh5678-notes.txt", inbox(ROOM));
+    let base = fake
+        .start(vec![
+            sse(&[
+                tool_call(0, "r1", "read_file", &json!({ "path": path }).to_string()),
+                json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}),
+            ]),
+            sse(&[
+                json!({"choices":[{"delta":{"content":"It says hello."},"finish_reason":"stop"}]}),
+            ]),
+        ])
+        .await;
+    let agent = agent_with(base).await;
+    let written = write(
+        agent.workspace.path(),
+        &path,
+        b"hello from the attachment\n",
+    );
+    let (mut c, _) = agent.connect(&chat()).await;
+    let mut m = message(1, "$a1", "what does my file say?");
+    m.attachments = vec![written];
+    let t = c.turn(m).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
+    assert_eq!(t.tool_calls(), ["read_file"]);
+    let requests = fake.requests.lock().unwrap();
+    let first = requests[0].1.to_string();
+    assert!(
+        first.contains(&path),
+        "the model is told the attachment's path: {first}"
+    );
+    let second = requests[1].1.to_string();
+    assert!(
+        second.contains("hello from the attachment"),
+        "the file's text went back to the model: {second}"
+    );
+    assert_eq!(t.text(), "It says hello.");
+}

@@ -34,8 +34,8 @@ async fn complete(State(m): State<Model>, body: axum::Json<Value>) -> Response {
         None => vec![(Duration::ZERO, text_delta("(script over)", Some("stop")))],
     };
     let finished = m.finished.clone();
-    let stream = futures_util::stream::iter(chunks.into_iter().map(Some).chain([None])).then(
-        move |c| {
+    let stream =
+        futures_util::stream::iter(chunks.into_iter().map(Some).chain([None])).then(move |c| {
             let finished = finished.clone();
             async move {
                 match c {
@@ -49,8 +49,7 @@ async fn complete(State(m): State<Model>, body: axum::Json<Value>) -> Response {
                     }
                 }
             }
-        },
-    );
+        });
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(stream))
@@ -72,7 +71,9 @@ fn call(id: &str, name: &str, args: Value) -> Vec<(Duration, Value)> {
 
 /// The chat's own folder, as the agent's system prompt names it.
 fn own_dir(request: &Value) -> String {
-    let system = request["messages"][0]["content"].as_str().unwrap_or_default();
+    let system = request["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default();
     let after = system.split("own folder is ").nth(1).unwrap_or_default();
     after.split("/ ").next().unwrap_or_default().to_owned()
 }
@@ -88,8 +89,16 @@ async fn start_model(model: Model) -> String {
 }
 
 const STORY: [&str; 10] = [
-    "Once ", "upon ", "a time, ", "a bridge ", "carried ", "messages ", "across ", "the river, ",
-    "one by one, ", "**never losing one**.",
+    "Once ",
+    "upon ",
+    "a time, ",
+    "a bridge ",
+    "carried ",
+    "messages ",
+    "across ",
+    "the river, ",
+    "one by one, ",
+    "**never losing one**.",
 ];
 
 #[tokio::test]
@@ -112,16 +121,31 @@ async fn a_streamed_answer_is_shown_while_written_and_a_file_goes_out_once() {
         // Turn 2: write a report, send it, send it again (a model in a loop), then answer.
         s.push_back(Box::new(|r| {
             let path = format!("{}/report.txt", own_dir(r));
-            call("w1", "write_file", json!({"path": path, "content": "quarterly numbers\n"}))
+            call(
+                "w1",
+                "write_file",
+                json!({"path": path, "content": "quarterly numbers\n"}),
+            )
         }));
         s.push_back(Box::new(|r| {
-            call("s1", "send_file", json!({"path": format!("{}/report.txt", own_dir(r))}))
+            call(
+                "s1",
+                "send_file",
+                json!({"path": format!("{}/report.txt", own_dir(r))}),
+            )
         }));
         s.push_back(Box::new(|r| {
-            call("s2", "send_file", json!({"path": format!("{}/report.txt", own_dir(r))}))
+            call(
+                "s2",
+                "send_file",
+                json!({"path": format!("{}/report.txt", own_dir(r))}),
+            )
         }));
         s.push_back(Box::new(|_| {
-            vec![(Duration::from_millis(50), text_delta("There it is.", Some("stop")))]
+            vec![(
+                Duration::from_millis(50),
+                text_delta("There it is.", Some("stop")),
+            )]
         }));
     }
     let base = start_model(model.clone()).await;
@@ -143,7 +167,10 @@ async fn a_streamed_answer_is_shown_while_written_and_a_file_goes_out_once() {
 
     // The story: a message appears while the model is still writing, is edited as it grows,
     // and its last edit is exactly the answer.
-    let root = user.send_text(&room, "tell me a story").await.expect("send");
+    let root = user
+        .send_text(&room, "tell me a story")
+        .await
+        .expect("send");
     let bot_messages = || async { user.messages_from(&room, &bot).await.unwrap_or_default() };
     let live: Received = user
         .wait_for(TURN, "the answer shown while written", || async {

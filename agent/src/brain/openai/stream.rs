@@ -224,6 +224,23 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_usage_and_null_fields_are_tolerated() {
+        // vLLM/DeepSeek-style `reasoning_content` is thinking, not answer; a usage-only chunk
+        // has no choices; `content: null` and a role-only delta say nothing.
+        let (a, shown) = feed_all(&[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"let me think"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"Yes.","reasoning_content":null},"logprobs":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"timings":{"predicted_n":3}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(shown, "Yes.");
+        assert!(a.calls.is_empty());
+        assert_eq!(a.ending(), Ending::Finished);
+    }
+
+    #[test]
     fn shapes_other_servers_send() {
         // Ollama: two parallel calls, both `index: 0`, distinct ids.
         let (a, _) = feed_all(&[
