@@ -261,3 +261,40 @@ async fn a_tool_call_reads_the_attachment_the_user_sent() {
     );
     assert_eq!(t.text(), "It says hello.");
 }
+
+#[tokio::test]
+async fn the_model_learns_when_a_file_did_not_reach_the_room() {
+    let fake = Fake::default();
+    let path = format!("chats/{}/big.bin", chat());
+    let base = fake
+        .start(vec![
+            sse(&[
+                tool_call(0, "s1", "send_file", &json!({ "path": path }).to_string()),
+                json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}),
+            ]),
+            sse(&[json!({"choices":[{"delta":{"content":"Sorry, it did not go through."},"finish_reason":"stop"}]})]),
+        ])
+        .await;
+    let agent = agent_with(base).await;
+    write(agent.workspace.path(), &path, b"0123456789");
+    let (mut c, _) = agent.connect(&chat()).await;
+    c.delivery_error = Some("the homeserver refused it: M_TOO_LARGE".into());
+    let t = c.turn(message(1, "$d1", "send me big.bin")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
+    let result = t
+        .messages
+        .iter()
+        .find_map(|m| match m {
+            ToSurface::ToolResult(r) => Some(r.clone()),
+            _ => None,
+        })
+        .expect("a tool result");
+    assert!(!result.ok, "{result:?}");
+    let requests = fake.requests.lock().unwrap();
+    let second = requests[1].1.to_string();
+    assert!(
+        second.contains("did not get") && second.contains("M_TOO_LARGE"),
+        "the model was told: {second}"
+    );
+    assert!(!second.contains("sent chats/"), "never told it was sent: {second}");
+}
