@@ -20,7 +20,7 @@ use tracing::{info, instrument, warn};
 
 pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, WriteFile};
 pub use interact::{AskUserTool, DangerousAction};
-pub use memory::{Forget, MemoryScope, Recall, Remember};
+pub use memory::{Forget, Recall, Remember};
 
 use crate::config::Policy;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};

@@ -139,6 +139,7 @@ impl Tool for Recall {
     const DESCRIPTION: &'static str = "List the remembered facts of the user who sent the message \
          and of this room, one per line as `<id> (<scope>): <fact>`, optionally only those \
          containing a text.";
+    const READ_ONLY: bool = true;
     type Args = RecallArgs;
 
     fn resource(_: &Self::Args, _: &ChatScope) -> String {

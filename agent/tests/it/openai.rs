@@ -296,5 +296,8 @@ async fn the_model_learns_when_a_file_did_not_reach_the_room() {
         second.contains("did not get") && second.contains("M_TOO_LARGE"),
         "the model was told: {second}"
     );
-    assert!(!second.contains("sent chats/"), "never told it was sent: {second}");
+    assert!(
+        !second.contains("sent chats/"),
+        "never told it was sent: {second}"
+    );
 }

@@ -35,7 +35,7 @@ const SURFACE: &[&[&str]] = &[
 
 /// The agent's modules, bottom to top.
 const AGENT: &[&[&str]] = &[
-    &["config", "confine", "connection", "store"],
+    &["config", "confine", "connection", "memory", "store"],
     &["chat", "describe"],
     &["link"],
     &["tools"],

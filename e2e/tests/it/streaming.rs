@@ -19,10 +19,12 @@ use crate::TURN;
 
 /// One scripted completion: SSE `data` payloads and the pause before each.
 type Script = Vec<(Duration, Value)>;
+/// Makes a completion's script from the request.
+type Scripter = Box<dyn Fn(&Value) -> Script + Send + Sync>;
 
 #[derive(Clone, Default)]
 struct Model {
-    scripts: Arc<Mutex<VecDeque<Box<dyn Fn(&Value) -> Script + Send + Sync>>>>,
+    scripts: Arc<Mutex<VecDeque<Scripter>>>,
     /// When the last chunk of each completion was written.
     finished: Arc<Mutex<Vec<Instant>>>,
 }

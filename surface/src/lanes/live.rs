@@ -93,7 +93,16 @@ mod tests {
             shown_chars: chars,
             not_before: Some(not_before),
         };
-        let cases: &[(&str, Live, Instant, usize, Option<Duration>, LiveStep)] = &[
+        /// Name, state, now, characters so far, pace, expected step.
+        type Case = (
+            &'static str,
+            Live,
+            Instant,
+            usize,
+            Option<Duration>,
+            LiveStep,
+        );
+        let cases: &[Case] = &[
             (
                 "streaming off",
                 started(t0),
