@@ -380,9 +380,11 @@ async fn send_stored_turns(
     for msg in turns {
         let seq = msg.seq;
         info!(seq, event_id = %msg.id, "sending turn to agent");
+        let event_id = msg.id.clone();
         conn.send(&ToAgent::UserMessage(msg))
             .await
             .map_err(|e| e.to_string())?;
+        crate::latency::sent_to_agent(&event_id);
         *sent_upto = seq;
     }
     Ok(())

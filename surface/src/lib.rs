@@ -14,6 +14,7 @@ pub mod ingest;
 pub mod journal;
 pub mod lane_registry;
 pub mod lanes;
+pub mod latency;
 pub mod logging;
 pub mod media;
 pub mod mime;

@@ -10,14 +10,18 @@
 //! * [`download_to_inbox`]: authenticated download into a room's inbox, size-limited while
 //!   streaming, decrypted on the way when end-to-end encrypted, hashed, MIME-sniffed, committed
 //!   atomically.
-//! * [`upload_file`] / [`upload_file_encrypted`]: streaming upload (in encrypted rooms through
-//!   an encrypted temporary file), deduplicated by content hash ([`UploadCache`]).
+//! * [`upload_file`] / [`upload_file_encrypted`]: streaming upload (encrypted on the way in
+//!   encrypted rooms), deduplicated by content hash and file version ([`UploadCache`]).
+//!
+//! Hashing, encryption, decryption and file I/O run on a blocking thread beside the network
+//! I/O (`pipe`).
 //! * [`prepare_file_message`]: confinement check, upload and the `m.image`/`m.video`/`m.audio`/
 //!   `m.file` content for a file the agent asked to send.
 
 mod download;
 mod kind;
 mod message;
+mod pipe;
 mod upload;
 
 use std::time::Duration;
@@ -52,9 +56,6 @@ const MAX_RETRIES: usize = 4;
 
 /// Largest error body read from the homeserver.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// Chunk size for reads from disk (hashing, uploading).
-const READ_CHUNK: usize = 64 * 1024;
 
 /// Total timeout for a transfer of `bytes`: generous (the SDK client's 30 s default includes the
 /// body and would cut large files off); stalls are caught sooner by [`IDLE_TIMEOUT`].

@@ -159,6 +159,7 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
 
 /// Journals what one sync brought, room by room.
 async fn handle(ctx: &Ctx, response: SyncResponse) {
+    let at = std::time::Instant::now();
     for (room_id, update) in response.rooms.joined {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
@@ -169,6 +170,7 @@ async fn handle(ctx: &Ctx, response: SyncResponse) {
             .iter()
             .filter_map(RawEvent::parse)
             .collect();
+        crate::latency::arrived(events.iter().map(|e| e.event_id.as_str()), at);
         let new = collect_new(
             ctx,
             &room,

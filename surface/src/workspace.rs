@@ -148,6 +148,32 @@ impl OpenedFile {
         Ok(tokio::fs::File::from_std(f))
     }
 
+    /// A blocking handle positioned at the start of the file (see [`OpenedFile::reader`]).
+    pub fn std_reader(&self) -> io::Result<std::fs::File> {
+        use std::io::Seek;
+        let mut f = self.file.try_clone()?;
+        f.rewind()?;
+        Ok(f)
+    }
+
+    /// What identifies this version of the file without reading it: device, inode, size and
+    /// the modification and change times (ns). Any write, truncation, rename or replacement
+    /// changes it.
+    pub fn version_key(&self) -> io::Result<String> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata()?;
+        Ok(format!(
+            "{}:{}:{}:{}.{}:{}.{}",
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec()
+        ))
+    }
+
     /// The async handle, positioned wherever the last reader left it.
     pub fn into_tokio(self) -> tokio::fs::File {
         tokio::fs::File::from_std(self.file)

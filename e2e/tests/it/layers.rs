@@ -16,6 +16,7 @@ const SURFACE: &[&[&str]] = &[
         "health",
         "journal",
         "lane_registry",
+        "latency",
         "logging",
         "mime",
         "render",

@@ -52,6 +52,8 @@ pub(super) struct Turn {
     live: Live,
     /// What the live message shows now.
     live_text: String,
+    /// When the last agent message arrived (for the latency log).
+    since: tokio::time::Instant,
 }
 
 impl Lane {
@@ -79,6 +81,7 @@ impl Lane {
             interrupted: false,
             live: Live::default(),
             live_text: String::new(),
+            since: tokio::time::Instant::now(),
         };
         let mut state = TurnState::new(&msg.id, msg.seq, self.ctx.config.show_tool_calls);
         // While recovering, a fixed deadline: reconnects of the link must not extend it, or a
@@ -97,7 +100,10 @@ impl Lane {
                         Input::Connected { last_seq }
                     }
                     Ok(Some(LinkEvent::Disconnected)) => Input::Disconnected,
-                    Ok(Some(LinkEvent::Message(m))) => Input::Message(m),
+                    Ok(Some(LinkEvent::Message(m))) => {
+                        turn.since = tokio::time::Instant::now();
+                        Input::Message(m)
+                    }
                 },
             };
             for step in state.on(input) {
@@ -248,6 +254,7 @@ impl Lane {
         purpose: &str,
         txn: OwnedTransactionId,
     ) -> Option<OwnedEventId> {
+        crate::latency::agent_to_send(turn.since.into_std());
         let target = turn.target.clone();
         let out = Outgoing {
             txn: &txn,

@@ -1,10 +1,7 @@
 //! Authenticated, streaming download of an attachment into a room's inbox.
 
-use std::io::{self, Read};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::io::{self, Read, Write};
 use std::time::SystemTime;
-
-use bytes::Bytes;
 
 use matrix_sdk::Client;
 use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
@@ -12,11 +9,10 @@ use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
 use matrix_sdk_crypto::{AttachmentDecryptor, MediaEncryptionInfo};
 use protocol::{AttachmentInfo, WorkspacePath};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::{
-    HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, quoted_name, send,
-    transfer_timeout, with_retries,
+    HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, pipe, quoted_name,
+    send, transfer_timeout, with_retries,
 };
 use crate::filename::sanitize_filename;
 use crate::mime::{self, HEAD_BYTES};
@@ -231,42 +227,45 @@ async fn attempt(
         &req.name,
         SystemTime::now(),
     )?;
-    // The decryptor is a synchronous `Read` adapter; `Feed` hands it each chunk as it arrives,
-    // so decryption streams without a thread. The hash of the ciphertext is checked at the end.
-    let feed = Feed::default();
-    let mut feed_reader = feed.clone();
-    let mut decryptor = match encrypted {
-        Some(file) => Some(
-            AttachmentDecryptor::new(&mut feed_reader, MediaEncryptionInfo::from(file.clone()))
-                .map_err(|e| DownloadFailure::Decryption(e.to_string()))?,
-        ),
-        None => None,
-    };
-    let mut hasher = Sha256::new();
-    let mut head = Vec::with_capacity(HEAD_BYTES.min(usize::try_from(limit).unwrap_or(HEAD_BYTES)));
-    let mut size: u64 = 0;
     let disk = |e| WorkspaceError::Io {
         op: "write",
         path: temp_label(req),
         source: e,
     };
+    // Decryption, hashing and writing run on a blocking thread (`sink`) while this task reads
+    // the network: two cores at work, memory bounded by the pipe's depth.
+    let out = temp
+        .file()
+        .try_clone()
+        .await
+        .map_err(disk)?
+        .into_std()
+        .await;
+    let (tx, input) = pipe::channel();
+    let head_cap = HEAD_BYTES.min(usize::try_from(limit).unwrap_or(HEAD_BYTES));
+    let sink = tokio::task::spawn_blocking({
+        let encryption = encrypted.map(|f| MediaEncryptionInfo::from(f.clone()));
+        move || sink(input, encryption, out, head_cap)
+    });
+    let mut size: u64 = 0;
     while let Some(chunk) = next_chunk(&mut resp).await? {
         size += chunk.len() as u64;
         if size > limit {
             // `temp` is dropped on return: the partial file goes with it.
             return Err(DownloadFailure::TooLarge { limit, size: None });
         }
-        let chunk = match decryptor.as_mut() {
-            Some(d) => feed.decrypt(d, chunk)?,
-            None => chunk,
-        };
-        hasher.update(&chunk);
-        if head.len() < HEAD_BYTES {
-            let take = (HEAD_BYTES - head.len()).min(chunk.len());
-            head.extend_from_slice(&chunk[..take]);
+        if tx.send(chunk).await.is_err() {
+            break; // The sink failed; its error is below.
         }
-        temp.file().write_all(&chunk).await.map_err(disk)?;
     }
+    drop(tx);
+    let sunk = sink
+        .await
+        .map_err(|e| disk(io::Error::other(e)))?
+        .map_err(|e| match e {
+            SinkError::Decrypt(why) => DownloadFailure::Decryption(why),
+            SinkError::Write(e) => disk(e).into(),
+        })?;
     if let Some(expected) = announced.filter(|e| *e != size) {
         return Err(HttpError::Truncated {
             got: size,
@@ -274,13 +273,7 @@ async fn attempt(
         }
         .into());
     }
-    if let Some(d) = decryptor.as_mut() {
-        // End of input: the decryptor compares the ciphertext's hash now.
-        let mut end = [0u8; 1];
-        d.read(&mut end)
-            .map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
-    }
-    let mime = mime::reconcile(req.declared_mime.as_deref(), &head, temp.name());
+    let mime = mime::reconcile(req.declared_mime.as_deref(), &sunk.head, temp.name());
     if mime::disagrees(req.declared_mime.as_deref(), &mime) {
         tracing::warn!(
             declared = req.declared_mime.as_deref().unwrap_or_default(),
@@ -292,53 +285,78 @@ async fn attempt(
     let path = temp.commit().await?;
     Ok(Downloaded {
         path,
-        info: AttachmentInfo { name, mime, size },
-        sha256: hex::encode(hasher.finalize()),
+        info: AttachmentInfo {
+            name,
+            mime,
+            size: sunk.size,
+        },
+        sha256: sunk.sha256,
     })
 }
 
-/// The input of an [`AttachmentDecryptor`]: the current chunk. It reports end of input only
-/// when the chunk is used up, which [`Feed::decrypt`] never lets happen before the real end.
-#[derive(Clone, Default)]
-struct Feed(Arc<StdMutex<Bytes>>);
-
-impl Read for Feed {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut chunk = self.0.lock().map_err(|_| io::Error::other("poisoned"))?;
-        let n = buf.len().min(chunk.len());
-        buf[..n].copy_from_slice(&chunk.split_to(n));
-        Ok(n)
-    }
+/// What the sink learned while writing.
+struct Sunk {
+    sha256: String,
+    head: Vec<u8>,
+    size: u64,
 }
 
-impl Feed {
-    /// Decrypts one chunk of ciphertext.
-    fn decrypt(
-        &self,
-        decryptor: &mut AttachmentDecryptor<'_, Feed>,
-        chunk: Bytes,
-    ) -> Result<Bytes, DownloadFailure> {
-        let len = chunk.len();
-        *self
-            .0
-            .lock()
-            .map_err(|_| DownloadFailure::Decryption("poisoned".into()))? = chunk;
-        let mut out = vec![0u8; len];
-        let mut filled = 0;
-        // Stop exactly when the chunk is used up: one more read would look like the end.
-        while filled < len {
-            let n = decryptor
-                .read(&mut out[filled..])
-                .map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
-            if n == 0 {
-                return Err(DownloadFailure::Decryption(
-                    "decryptor stopped early".into(),
-                ));
+/// Why the sink stopped.
+enum SinkError {
+    Decrypt(String),
+    Write(io::Error),
+}
+
+/// Size of the writes to the inbox file.
+const WRITE_BUFFER: usize = 256 * 1024;
+
+/// The blocking end of a download: decrypts (when `encryption` is given; the ciphertext's hash
+/// is checked at the end), hashes, keeps the first bytes for sniffing, and writes to `out`.
+fn sink(
+    mut input: pipe::ChannelReader,
+    encryption: Option<MediaEncryptionInfo>,
+    out: std::fs::File,
+    head_cap: usize,
+) -> Result<Sunk, SinkError> {
+    let decrypting = encryption.is_some();
+    let mut source: Box<dyn Read + '_> = match encryption {
+        Some(info) => Box::new(
+            AttachmentDecryptor::new(&mut input, info)
+                .map_err(|e| SinkError::Decrypt(e.to_string()))?,
+        ),
+        None => Box::new(&mut input),
+    };
+    let mut out = io::BufWriter::with_capacity(WRITE_BUFFER, out);
+    let mut hasher = Sha256::new();
+    let mut head = Vec::with_capacity(head_cap);
+    let mut buf = vec![0u8; WRITE_BUFFER];
+    let mut size = 0u64;
+    loop {
+        let n = source.read(&mut buf).map_err(|e| {
+            if decrypting {
+                SinkError::Decrypt(e.to_string())
+            } else {
+                SinkError::Write(e)
             }
-            filled += n;
+        })?;
+        if n == 0 {
+            break;
         }
-        Ok(Bytes::from(out))
+        let chunk = &buf[..n];
+        hasher.update(chunk);
+        if head.len() < head_cap {
+            let take = (head_cap - head.len()).min(n);
+            head.extend_from_slice(&chunk[..take]);
+        }
+        out.write_all(chunk).map_err(SinkError::Write)?;
+        size += n as u64;
     }
+    out.flush().map_err(SinkError::Write)?;
+    Ok(Sunk {
+        sha256: hex::encode(hasher.finalize()),
+        head,
+        size,
+    })
 }
 
 fn temp_label(req: &DownloadRequest) -> String {

@@ -74,6 +74,7 @@ impl TestServer {
                 get(download),
             )
             .route("/_matrix/media/v3/upload", post(upload))
+            .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,9 +1,9 @@
-//! Streaming upload of a workspace file, deduplicated by content hash.
+//! Streaming upload of a workspace file, deduplicated by content hash (and by file version, so
+//! a large file sent again is not even read).
 
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -13,13 +13,11 @@ use matrix_sdk::ruma::OwnedMxcUri;
 use matrix_sdk::ruma::events::room::EncryptedFile;
 use matrix_sdk_crypto::{AttachmentEncryptor, MediaEncryptionInfo};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex;
 
 use super::{
-    HttpError, MAX_ERROR_BODY, MediaApi, READ_CHUNK, RetryClass, next_chunk, send,
-    transfer_timeout, with_retries,
+    HttpError, MAX_ERROR_BODY, MediaApi, RetryClass, next_chunk, pipe, send, transfer_timeout,
+    with_retries,
 };
 use crate::workspace::OpenedFile;
 
@@ -78,7 +76,23 @@ struct CacheFile {
     version: u32,
     /// SHA-256 (hex) of the content → where it was uploaded.
     entries: BTreeMap<String, CacheEntry>,
+    /// A file version (device, inode, size, times: [`OpenedFile::version_key`]) → the SHA-256
+    /// of its content, so a file sent again is recognized without reading it.
+    #[serde(default)]
+    versions: BTreeMap<String, VersionEntry>,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct VersionEntry {
+    sha256: String,
+    /// Unix seconds, for eviction.
+    at: u64,
+}
+
+/// Files smaller than this are hashed before uploading, so the same content under another
+/// name is not uploaded again; larger ones are hashed while they upload (one read instead of
+/// two) and recognized again by their version.
+pub const PREHASH_BELOW: u64 = 16 * 1024 * 1024;
 
 /// Content hash → `mxc://` URI of what this account already uploaded, persisted as JSON in the
 /// surface state directory and rewritten atomically (temp file, fsync, rename) on each change.
@@ -129,7 +143,13 @@ impl UploadCache {
 
     /// Records an upload and persists the cache.
     pub async fn insert(&self, sha256: &str, size: u64, mxc: OwnedMxcUri) -> io::Result<()> {
-        self.store(sha256.to_owned(), size, mxc, None).await
+        self.store(sha256.to_owned(), size, mxc, None, None).await
+    }
+
+    /// The content hash of a file version seen before.
+    async fn sha_of_version(&self, version: &str) -> Option<String> {
+        let file = self.file.lock().await;
+        file.versions.get(version).map(|v| v.sha256.clone())
     }
 
     /// The encrypted upload of content with this (plaintext) hash and size, if there was one.
@@ -148,16 +168,14 @@ impl UploadCache {
         size: u64,
         file: EncryptedFile,
     ) -> io::Result<()> {
-        self.store(encrypted_key(sha256), size, file.url.clone(), Some(file))
-            .await
-    }
-
-    /// A folder for temporary files next to the cache (not the workspace, not a tmpfs).
-    fn scratch_dir(&self) -> PathBuf {
-        self.path
-            .as_deref()
-            .and_then(Path::parent)
-            .map_or_else(std::env::temp_dir, Path::to_owned)
+        self.store(
+            encrypted_key(sha256),
+            size,
+            file.url.clone(),
+            Some(file),
+            None,
+        )
+        .await
     }
 
     async fn store(
@@ -166,6 +184,7 @@ impl UploadCache {
         size: u64,
         mxc: OwnedMxcUri,
         encrypted: Option<EncryptedFile>,
+        version: Option<(String, String)>,
     ) -> io::Result<()> {
         let mut file = self.file.lock().await;
         let at = SystemTime::now()
@@ -181,6 +200,20 @@ impl UploadCache {
                 at,
             },
         );
+        if let Some((version, sha256)) = version {
+            file.versions.insert(version, VersionEntry { sha256, at });
+        }
+        while file.versions.len() > MAX_CACHE_ENTRIES {
+            let oldest = file
+                .versions
+                .iter()
+                .min_by_key(|(_, v)| v.at)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => file.versions.remove(&k),
+                None => break,
+            };
+        }
         while file.entries.len() > MAX_CACHE_ENTRIES {
             let oldest = file
                 .entries
@@ -223,11 +256,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Uploads an opened workspace file, unless the same bytes were uploaded before.
 ///
-/// The file is hashed first (streaming SHA-256) and looked up in `cache`; on a miss it is
-/// streamed from disk to `POST /_matrix/media/v3/upload?filename=..` with `Content-Type` and
-/// `Content-Length`, and the returned `content_uri` is cached. 429/5xx/network failures are
-/// retried a few times, re-reading the same open file each time. Memory use does not depend on
-/// the file size.
+/// A file sent before (same version: [`OpenedFile::version_key`]) is not read again; a small
+/// file is hashed first and looked up by content ([`PREHASH_BELOW`]); anything else is streamed
+/// from disk to `POST /_matrix/media/v3/upload?filename=..` with `Content-Type` and
+/// `Content-Length`, hashed on the way, and the returned `content_uri` is cached. 429/5xx/network
+/// failures are retried a few times, re-reading the same open file each time. Memory use does
+/// not depend on the file size.
 #[tracing::instrument(skip_all, fields(path = %opened.path, size = opened.size))]
 pub async fn upload_file(
     client: &Client,
@@ -239,28 +273,56 @@ pub async fn upload_file(
     upload_with(&api, opened, mime, cache).await
 }
 
+/// The content hash of `opened`, if it is known without a full read or cheap to compute.
+async fn known_sha(
+    opened: &OpenedFile,
+    cache: &UploadCache,
+) -> Result<Option<String>, UploadError> {
+    if let Some(sha) = match opened.version_key() {
+        Ok(v) => cache.sha_of_version(&v).await,
+        Err(_) => None,
+    } {
+        return Ok(Some(sha));
+    }
+    if opened.size < PREHASH_BELOW {
+        let (sha, _) = hash_file(opened).await.map_err(UploadError::Read)?;
+        return Ok(Some(sha));
+    }
+    Ok(None)
+}
+
+/// Records the file's version for the next time, unless it changed while being sent.
+async fn version_after(
+    opened: &OpenedFile,
+    before: Option<String>,
+    sha: &str,
+) -> Option<(String, String)> {
+    let after = opened.version_key().ok();
+    before
+        .filter(|b| after.as_ref() == Some(b))
+        .map(|v| (v, sha.to_owned()))
+}
+
 pub(super) async fn upload_with(
     api: &MediaApi,
     opened: &OpenedFile,
     mime: &str,
     cache: &UploadCache,
 ) -> Result<OwnedMxcUri, UploadError> {
-    let (sha, len) = hash_file(opened).await.map_err(UploadError::Read)?;
-    if let Some(mxc) = cache.get(&sha, len).await {
+    let before = opened.version_key().ok();
+    if let Some(sha) = known_sha(opened, cache).await?
+        && let Some(mxc) = cache.get(&sha, opened.size).await
+    {
         tracing::debug!(%mxc, "same content uploaded before; reusing it");
         return Ok(mxc);
     }
+    let len = opened.size;
     let mut url = api.url(&["_matrix", "media", "v3", "upload"])?;
     url.query_pairs_mut().append_pair("filename", &opened.name);
-    let (mxc, sent_sha) = with_retries("upload", || {
-        attempt(api, opened.reader(), mime, len, url.clone())
-    })
-    .await?;
-    if sent_sha != sha {
-        // The file changed between hashing and sending: cache what the server really has.
-        tracing::warn!("file changed while uploading; caching the uploaded content's hash");
-    }
-    if let Err(e) = cache.insert(&sent_sha, len, mxc.clone()).await {
+    let (mxc, sent_sha) =
+        with_retries("upload", || attempt(api, opened, mime, url.clone())).await?;
+    let version = version_after(opened, before, &sent_sha).await;
+    if let Err(e) = cache.store(sent_sha, len, mxc.clone(), None, version).await {
         tracing::warn!(error = %e, "could not persist the upload cache");
     }
     tracing::info!(%mxc, "file uploaded");
@@ -271,9 +333,8 @@ pub(super) async fn upload_with(
 /// key, Matrix attachment encryption v2) and uploads the ciphertext, unless the same content was
 /// uploaded encrypted before (the cached key is reused then).
 ///
-/// The ciphertext goes through a temporary file next to the upload cache (the encryptor is a
-/// synchronous reader, run on a blocking thread), so memory stays flat; the temporary file is
-/// removed afterwards. The file name is not sent to the server.
+/// The file is read, hashed and encrypted on a blocking thread while the ciphertext streams to
+/// the homeserver: one read, no temporary copy, flat memory. The file name is not sent.
 #[tracing::instrument(skip_all, fields(path = %opened.path, size = opened.size))]
 pub async fn upload_file_encrypted(
     client: &Client,
@@ -289,85 +350,42 @@ pub(super) async fn upload_encrypted_with(
     opened: &OpenedFile,
     cache: &UploadCache,
 ) -> Result<EncryptedFile, UploadError> {
-    let (sha, len) = hash_file(opened).await.map_err(UploadError::Read)?;
-    if let Some(file) = cache.get_encrypted(&sha, len).await {
+    let before = opened.version_key().ok();
+    if let Some(sha) = known_sha(opened, cache).await?
+        && let Some(file) = cache.get_encrypted(&sha, opened.size).await
+    {
         tracing::debug!(mxc = %file.url, "same content uploaded encrypted before; reusing it");
         return Ok(file);
     }
-    let source = opened.reader().map_err(UploadError::Read)?.into_std().await;
-    let scratch = cache.scratch_dir();
-    let (cipher, info) =
-        tokio::task::spawn_blocking(move || encrypt_to_temp(source, len, &scratch))
-            .await
-            .map_err(|e| UploadError::Read(io::Error::other(e)))?
-            .map_err(UploadError::Read)?;
+    let len = opened.size;
     let url = api.url(&["_matrix", "media", "v3", "upload"])?;
-    let reopen = || {
-        use std::io::Seek;
-        let mut f = cipher.reopen()?;
-        f.rewind()?;
-        Ok(tokio::fs::File::from_std(f))
-    };
-    let (mxc, _) = with_retries("encrypted upload", || {
-        attempt(api, reopen(), "application/octet-stream", len, url.clone())
+    let (mxc, sha, info) = with_retries("encrypted upload", || {
+        attempt_encrypted(api, opened, url.clone())
     })
     .await?;
-    drop(cipher);
     let file = EncryptedFile::new(mxc, info.encryption_info, info.hashes);
-    if let Err(e) = cache.insert_encrypted(&sha, len, file.clone()).await {
+    let version = version_after(opened, before, &sha).await;
+    let key = encrypted_key(&sha);
+    if let Err(e) = cache
+        .store(key, len, file.url.clone(), Some(file.clone()), version)
+        .await
+    {
         tracing::warn!(error = %e, "could not persist the upload cache");
     }
     tracing::info!(mxc = %file.url, "file uploaded encrypted");
     Ok(file)
 }
 
-/// Encrypts `len` bytes of `source` into a temporary file in `dir` (removed when dropped).
-fn encrypt_to_temp(
-    source: std::fs::File,
-    len: u64,
-    dir: &Path,
-) -> io::Result<(tempfile::NamedTempFile, MediaEncryptionInfo)> {
-    use std::io::{Read, Write};
-    let mut input = source.take(len);
-    let mut encryptor = AttachmentEncryptor::new(&mut input);
-    let mut out = tempfile::Builder::new()
-        .prefix(".upload-")
-        .tempfile_in(dir)?;
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut written = 0u64;
-    loop {
-        let n = encryptor.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n])?;
-        written += n as u64;
-    }
-    if written != len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the file shrank while being encrypted",
-        ));
-    }
-    out.flush()?;
-    Ok((out, encryptor.finish()))
-}
-
-/// SHA-256 (hex) and length of the whole file, read in chunks.
+/// SHA-256 (hex) and length of the whole file, read on a blocking thread.
 async fn hash_file(opened: &OpenedFile) -> io::Result<(String, u64)> {
-    let mut reader = opened.reader()?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut len = 0u64;
-    loop {
-        let n = reader.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        len += n as u64;
-    }
-    Ok((hex::encode(hasher.finalize()), len))
+    let file = opened.std_reader()?;
+    tokio::task::spawn_blocking(move || {
+        let mut src = pipe::Hashing::new(file);
+        let n = io::copy(&mut src, &mut io::sink())?;
+        Ok((src.hex(), n))
+    })
+    .await
+    .map_err(io::Error::other)?
 }
 
 #[derive(Deserialize)]
@@ -375,82 +393,105 @@ struct UploadResponse {
     content_uri: String,
 }
 
-/// One try: stream exactly `len` bytes from `reader` (positioned at the start). Returns the URI and the
-/// SHA-256 of what was actually sent.
+fn shrank() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the file shrank while being uploaded",
+    )
+}
+
+/// One try: stream exactly `opened.size` bytes of the file, hashed on a blocking thread on the
+/// way. Returns the URI and the SHA-256 of what was actually sent.
 async fn attempt(
     api: &MediaApi,
-    reader: io::Result<tokio::fs::File>,
+    opened: &OpenedFile,
     mime: &str,
-    len: u64,
     url: url::Url,
 ) -> Result<(OwnedMxcUri, String), UploadError> {
-    let reader = reader.map_err(UploadError::Read)?;
-    let hasher = Arc::new(StdMutex::new(Sha256::new()));
-    let stream = file_stream(reader, len, Arc::clone(&hasher));
+    let len = opened.size;
+    let source = opened.std_reader().map_err(UploadError::Read)?;
+    let (stream, done) = pipe::produce(move |emit| {
+        let mut src = pipe::Hashing::new(source.take(len));
+        if pipe::pump(&mut src, pipe::UPLOAD_CHUNK, emit)? != len {
+            return Err(shrank());
+        }
+        Ok(src.hex())
+    });
+    let mxc = post_stream(api, url, mime, len, stream).await?;
+    let sha = done
+        .await
+        .map_err(|e| UploadError::Read(io::Error::other(e)))?
+        .map_err(UploadError::Read)?;
+    Ok((mxc, sha))
+}
+
+/// One try of an encrypted upload: the file is read, hashed and encrypted with a fresh key on
+/// a blocking thread while the ciphertext (as long as the plaintext) streams out.
+async fn attempt_encrypted(
+    api: &MediaApi,
+    opened: &OpenedFile,
+    url: url::Url,
+) -> Result<(OwnedMxcUri, String, MediaEncryptionInfo), UploadError> {
+    let len = opened.size;
+    let source = opened.std_reader().map_err(UploadError::Read)?;
+    let (stream, done) = pipe::produce(move |emit| {
+        let mut plain = pipe::Hashing::new(source.take(len));
+        let (sent, info) = {
+            let mut encryptor = AttachmentEncryptor::new(&mut plain);
+            let sent = pipe::pump(&mut encryptor, pipe::UPLOAD_CHUNK, emit)?;
+            (sent, encryptor.finish())
+        };
+        if sent != len {
+            return Err(shrank());
+        }
+        Ok((plain.hex(), info))
+    });
+    let mxc = post_stream(api, url, "application/octet-stream", len, stream).await?;
+    let (sha, info) = done
+        .await
+        .map_err(|e| UploadError::Read(io::Error::other(e)))?
+        .map_err(UploadError::Read)?;
+    Ok((mxc, sha, info))
+}
+
+/// Posts a streamed body of `len` bytes to the media upload endpoint; returns the URI.
+async fn post_stream(
+    api: &MediaApi,
+    url: url::Url,
+    mime: &str,
+    len: u64,
+    body: impl futures_util::Stream<Item = io::Result<Bytes>> + Send + 'static,
+) -> Result<OwnedMxcUri, UploadError> {
     let timeout = transfer_timeout(len);
     let req = api
         .post(url, timeout)
         .header(reqwest::header::CONTENT_TYPE, mime)
         .header(reqwest::header::CONTENT_LENGTH, len)
-        .body(reqwest::Body::wrap_stream(stream));
+        .body(reqwest::Body::wrap_stream(body));
     let mut resp = send(req, timeout).await.map_err(|e| match e {
         HttpError::Status { status: 413, .. } => UploadError::TooLarge,
         e => UploadError::Http(e),
     })?;
-    let mut body = Vec::new();
+    let mut answer = Vec::new();
     while let Some(chunk) = next_chunk(&mut resp).await? {
-        body.extend_from_slice(&chunk);
-        if body.len() > MAX_ERROR_BODY {
+        answer.extend_from_slice(&chunk);
+        if answer.len() > MAX_ERROR_BODY {
             return Err(HttpError::InvalidResponse("upload answer too long".into()).into());
         }
     }
-    let parsed: UploadResponse = serde_json::from_slice(&body)
+    let parsed: UploadResponse = serde_json::from_slice(&answer)
         .map_err(|e| HttpError::InvalidResponse(format!("upload answer: {e}")))?;
     let mxc = OwnedMxcUri::from(parsed.content_uri);
     mxc.validate()
         .map_err(|e| HttpError::InvalidResponse(format!("content_uri: {e}")))?;
-    let sent = hasher
-        .lock()
-        .map(|h| hex::encode(h.clone().finalize()))
-        .map_err(|_| UploadError::Read(io::Error::other("hasher poisoned")))?;
-    Ok((mxc, sent))
-}
-
-/// Exactly `len` bytes of `reader` as a stream of chunks, hashed on the way. A file that
-/// shrank fails the stream (and so the request) instead of sending a short body.
-fn file_stream(
-    reader: tokio::fs::File,
-    len: u64,
-    hasher: Arc<StdMutex<Sha256>>,
-) -> impl futures_util::Stream<Item = io::Result<Bytes>> + Send + 'static {
-    futures_util::stream::try_unfold((reader, len), move |(mut reader, remaining)| {
-        let hasher = Arc::clone(&hasher);
-        async move {
-            if remaining == 0 {
-                return Ok(None);
-            }
-            let want = usize::try_from(remaining).map_or(READ_CHUNK, |r| r.min(READ_CHUNK));
-            let mut buf = vec![0u8; want];
-            let n = reader.read(&mut buf).await?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the file shrank while being uploaded",
-                ));
-            }
-            buf.truncate(n);
-            if let Ok(mut h) = hasher.lock() {
-                h.update(&buf);
-            }
-            Ok(Some((Bytes::from(buf), (reader, remaining - n as u64))))
-        }
-    })
+    Ok(mxc)
 }
 
 #[cfg(test)]
 mod tests {
     use matrix_sdk::ruma::owned_mxc_uri;
     use protocol::{ChatId, WorkspacePath};
+    use sha2::{Digest, Sha256};
 
     use super::*;
     use crate::media::test_server::{Reply, TestServer};
@@ -480,7 +521,13 @@ mod tests {
             let rel = format!("chats/c1/{name}");
             let p = self.root.join(&rel);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            // A new file each time (a new inode), as an agent writing it again makes.
+            let _ = std::fs::remove_file(&p);
             std::fs::write(&p, content).unwrap();
+            self.open(name)
+        }
+        fn open(&self, name: &str) -> OpenedFile {
+            let rel = format!("chats/c1/{name}");
             self.ws
                 .open_for_upload(&WorkspacePath::new(rel).unwrap(), &self.scope, u64::MAX)
                 .unwrap()
@@ -514,6 +561,40 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(mxc1, mxc3);
+        assert_eq!(server.uploads().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_large_file_is_read_once_and_recognized_by_its_version() {
+        let server = TestServer::start().await;
+        let files = Files::new();
+        let cache = UploadCache::in_memory();
+        let big: Vec<u8> = (0..PREHASH_BELOW as usize + 1000)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let f = files.put("big.bin", &big);
+        let mxc = upload_with(&server.api(), &f, "application/octet-stream", &cache)
+            .await
+            .unwrap();
+        assert_eq!(server.uploads().len(), 1);
+        assert_eq!(server.uploads()[0].bytes, big);
+        // The same version again (reopened): not uploaded, not needed to read.
+        let again = files.open("big.bin");
+        let mxc2 = upload_with(&server.api(), &again, "application/octet-stream", &cache)
+            .await
+            .unwrap();
+        assert_eq!(mxc, mxc2);
+        assert_eq!(server.uploads().len(), 1);
+        // Rewritten (a new version, even with the same bytes): uploaded again.
+        let rewritten = files.put("big.bin", &big);
+        upload_with(
+            &server.api(),
+            &rewritten,
+            "application/octet-stream",
+            &cache,
+        )
+        .await
+        .unwrap();
         assert_eq!(server.uploads().len(), 2);
     }
 

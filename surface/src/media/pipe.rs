@@ -1,0 +1,214 @@
+//! Bytes between the network and the disk, with the heavy work (hashing, encryption, decryption,
+//! file I/O) on a blocking thread beside the network I/O: a transfer uses two cores instead of
+//! taking turns on one, and no chunk waits for a thread hop of its own. Memory is bounded by
+//! [`DEPTH`] chunks in flight.
+
+use std::io::{self, Read};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Chunks in flight between the two sides, at most.
+pub const DEPTH: usize = 8;
+/// Size of the chunks read from disk for an upload.
+pub const UPLOAD_CHUNK: usize = 256 * 1024;
+
+/// The consuming end of a download pipe, as a blocking [`Read`]: end of input once the async
+/// side drops its sender.
+#[derive(Debug)]
+pub struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// A pipe into a blocking consumer: the async side sends chunks, the consumer reads them.
+pub fn channel() -> (mpsc::Sender<Bytes>, ChannelReader) {
+    let (tx, rx) = mpsc::channel(DEPTH);
+    (
+        tx,
+        ChannelReader {
+            rx,
+            current: Bytes::new(),
+        },
+    )
+}
+
+/// Where a producer on the blocking thread puts its chunks.
+#[derive(Debug)]
+pub struct Emit {
+    tx: mpsc::Sender<io::Result<Bytes>>,
+}
+
+impl Emit {
+    /// Hands one chunk to the stream, waiting while [`DEPTH`] chunks are in flight; fails once
+    /// nobody reads the stream any more (the request ended).
+    pub fn send(&mut self, chunk: Bytes) -> io::Result<()> {
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the transfer stopped"))
+    }
+}
+
+/// Runs `produce` on a blocking thread; the chunks it emits are the returned stream (a request
+/// body), and its result comes from the handle. A producer that fails also fails the stream,
+/// so a request never sends a short body as if it were whole.
+pub fn produce<T, F>(
+    produce: F,
+) -> (
+    impl Stream<Item = io::Result<Bytes>> + Send + 'static,
+    JoinHandle<io::Result<T>>,
+)
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Emit) -> io::Result<T> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(DEPTH);
+    let handle = tokio::task::spawn_blocking(move || {
+        let mut emit = Emit { tx };
+        let result = produce(&mut emit);
+        if let Err(e) = &result {
+            let _ = emit
+                .tx
+                .blocking_send(Err(io::Error::new(e.kind(), e.to_string())));
+        }
+        result
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (stream, handle)
+}
+
+/// Copies `src` into `emit` in chunks of `chunk` bytes; returns how many bytes went.
+pub fn pump(src: &mut impl Read, chunk: usize, emit: &mut Emit) -> io::Result<u64> {
+    let mut total = 0u64;
+    loop {
+        let mut buf = vec![0u8; chunk];
+        let mut filled = 0;
+        // Fill whole chunks: fewer, larger items through the channel.
+        while filled < chunk {
+            let n = src.read(&mut buf[filled..])?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            return Ok(total);
+        }
+        buf.truncate(filled);
+        total += filled as u64;
+        emit.send(Bytes::from(buf))?;
+        if filled < chunk {
+            return Ok(total);
+        }
+    }
+}
+
+/// A reader that hashes (SHA-256) what passes through it.
+#[derive(Debug)]
+pub struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Hashing<R> {
+    /// Hashes what is read from `inner`.
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            hasher: Sha256::new(),
+        }
+    }
+
+    /// The hex SHA-256 of everything read.
+    pub fn hex(self) -> String {
+        hex::encode(self.hasher.finalize())
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_produced_stream_is_the_input_whole_and_hashed() {
+        let data: Vec<u8> = (0..1_000_003u32).map(|i| (i % 251) as u8).collect();
+        let input = data.clone();
+        let (stream, done) = produce(move |emit| {
+            let mut src = Hashing::new(&input[..]);
+            let n = pump(&mut src, 4096, emit)?;
+            Ok((n, src.hex()))
+        });
+        let chunks: Vec<Bytes> = stream.map(|c| c.unwrap()).collect().await;
+        assert!(chunks.iter().all(|c| c.len() <= 4096));
+        assert_eq!(chunks.concat(), data);
+        let (n, sha) = done.await.unwrap().unwrap();
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(sha, hex::encode(Sha256::digest(&data)));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failing_producer_fails_the_stream() {
+        let (stream, done) = produce(|emit| {
+            emit.send(Bytes::from_static(b"half"))?;
+            Err::<(), _>(io::Error::new(io::ErrorKind::UnexpectedEof, "shrank"))
+        });
+        let items: Vec<io::Result<Bytes>> = stream.collect().await;
+        assert_eq!(items.len(), 2);
+        assert!(items[1].is_err());
+        assert!(done.await.unwrap().is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_dropped_stream_stops_the_producer() {
+        let (stream, done) = produce(|emit| {
+            let mut src = std::io::repeat(7).take(1 << 30);
+            pump(&mut src, 4096, emit)
+        });
+        drop(stream);
+        let err = done.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_channel_reader_reads_what_was_sent_then_ends() {
+        let (tx, mut reader) = channel();
+        let consumer = tokio::task::spawn_blocking(move || {
+            let mut all = Vec::new();
+            reader.read_to_end(&mut all).map(|_| all)
+        });
+        for part in [&b"abc"[..], b"", b"defg"] {
+            tx.send(Bytes::copy_from_slice(part)).await.unwrap();
+        }
+        drop(tx);
+        assert_eq!(consumer.await.unwrap().unwrap(), b"abcdefg");
+    }
+}
