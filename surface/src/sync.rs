@@ -114,7 +114,9 @@ pub async fn catch_up_all(ctx: &Ctx) {
 pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     // The first sync returns at once (no long-poll), so a restarted bot is ready without waiting
     // for traffic; later syncs long-poll.
-    let mut settings = SyncSettings::default().timeout(Duration::ZERO);
+    let mut settings = SyncSettings::default()
+        .filter(sync_filter())
+        .timeout(Duration::ZERO);
     let new_backoff = || {
         ExponentialBuilder::default()
             .with_jitter()
@@ -136,7 +138,9 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
                 ctx.health.set_synced();
                 if !ready {
                     ready = true;
-                    settings = SyncSettings::default().timeout(LONG_POLL);
+                    settings = SyncSettings::default()
+                        .filter(sync_filter())
+                        .timeout(LONG_POLL);
                     info!(
                         user_id = %ctx.client.user_id().map(|u| u.to_string()).unwrap_or_default(),
                         device_id = %ctx.client.device_id().map(|d| d.to_string()).unwrap_or_default(),
@@ -155,6 +159,17 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
             }
         }
     }
+}
+
+/// What the bot syncs: everything but typing notices, read receipts and presence. It needs
+/// none of them, and each would end a long-poll early: a user's next message then waits for
+/// the sync that a typing notice (often the bot's own) woke to be processed first.
+fn sync_filter() -> matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter {
+    use matrix_sdk::ruma::api::client::filter::{Filter, FilterDefinition, RoomEventFilter};
+    let mut def = FilterDefinition::default();
+    def.room.ephemeral = RoomEventFilter::ignore_all();
+    def.presence = Filter::ignore_all();
+    matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter::FilterDefinition(def)
 }
 
 /// Journals what one sync brought, room by room.

@@ -129,7 +129,6 @@ impl Lane {
             }
         };
         typing.cancel();
-        let _ = self.room.typing_notice(false).await;
         self.ctx.waits.turn_over(&turn.turn);
         match outcome {
             Outcome::Ended => {}
@@ -460,15 +459,27 @@ async fn read_receipt(room: Room, event_id: OwnedEventId) {
     }
 }
 
-/// Keeps the typing notice up until `stop`.
+/// A turn shorter than this shows no typing notice (each notice is a request, and wakes every
+/// member's sync).
+const TYPING_AFTER: Duration = Duration::from_millis(700);
+
+/// Shows the typing notice once the turn has taken [`TYPING_AFTER`], keeps it up until `stop`,
+/// then takes it down.
 async fn keep_typing(room: Room, stop: CancellationToken) {
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = tokio::time::sleep(TYPING_AFTER) => {}
+    }
     loop {
         if let Err(e) = room.typing_notice(true).await {
             debug!(error = %e, "typing notice failed");
         }
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_secs(3)) => {}
         }
+    }
+    if let Err(e) = room.typing_notice(false).await {
+        debug!(error = %e, "typing notice failed");
     }
 }
