@@ -242,9 +242,10 @@ impl ChatLog {
         blocking(move || f(&file)).await.map_err(self.io_error())
     }
 
-    /// Appends `entries` (after the header if the log is empty) and fsyncs them. Returns the
-    /// offset of each entry's line; the index is the caller's to update.
-    async fn append(&mut self, entries: &[Entry]) -> Result<Vec<u64>, StoreError> {
+    /// Appends `entries` (after the header if the log is empty), fsynced when `durable`
+    /// (otherwise they survive a crash of the process, and the next durable append flushes
+    /// them too). Returns the offset of each entry's line; the index is the caller's to update.
+    async fn append(&mut self, entries: &[Entry], durable: bool) -> Result<Vec<u64>, StoreError> {
         let mut bytes = Vec::new();
         if self.len == 0 {
             let header = Entry::Header {
@@ -280,7 +281,9 @@ impl ChatLog {
                 file.set_len(at)?;
             }
             file.write_all_at(&bytes, at)?;
-            file.sync_data()?;
+            if durable || created {
+                file.sync_data()?;
+            }
             if created {
                 File::open(&dir)?.sync_all()?;
             }
@@ -330,7 +333,7 @@ impl ChatLog {
         let turn = TurnRecord::from_message(msg);
         let attachments = turn.all_attachments().count() as u64;
         entries.push(Entry::Turn(turn));
-        let offsets = self.append(&entries).await?;
+        let offsets = self.append(&entries, true).await?;
         if let Some((room_id, thread_root)) = room {
             self.room_id = Some(room_id);
             self.thread_root = thread_root;
@@ -385,13 +388,16 @@ impl ChatLog {
         Ok(Some(self.read(move |file| read_turn(file, &slot)).await?))
     }
 
-    /// Records durably how turn `id` ended; nothing happens for an unknown id.
+    /// Records how turn `id` ended; nothing happens for an unknown id.
     pub async fn finish(&mut self, end: TurnEnd) -> Result<(), StoreError> {
         let Some(i) = self.locate_stored(&end.id) else {
             return Ok(());
         };
         let (id, status) = (end.id.clone(), end.status);
-        let offsets = self.append(&[Entry::End(end)]).await?;
+        // Not fsynced: the turn's admission was (before its ack). If a power loss takes this
+        // line, the turn runs again after the restart and the surface's transaction ids keep
+        // its posts from appearing twice; one fsync per turn instead of two.
+        let offsets = self.append(&[Entry::End(end)], false).await?;
         self.turns[i as usize].end = offsets[0];
         if status == TurnStatus::Pending {
             self.pending.insert(i, id);
@@ -425,11 +431,14 @@ impl ChatLog {
             return Ok(());
         }
         let (tool, resource) = key;
-        self.append(&[Entry::Allow {
-            tool: tool.clone(),
-            resource: resource.clone(),
-            user: Some(user.to_owned()),
-        }])
+        self.append(
+            &[Entry::Allow {
+                tool: tool.clone(),
+                resource: resource.clone(),
+                user: Some(user.to_owned()),
+            }],
+            true,
+        )
         .await?;
         self.always_allowed
             .insert((Some(user.to_owned()), tool, resource));

@@ -253,7 +253,10 @@ impl Lane {
         purpose: &str,
         txn: OwnedTransactionId,
     ) -> Option<OwnedEventId> {
-        crate::latency::agent_to_send(turn.since.into_std());
+        if purpose != "file" {
+            // A file's post waits for its upload, which is not latency.
+            crate::latency::agent_to_send(turn.since.into_std());
+        }
         let target = turn.target.clone();
         let out = Outgoing {
             txn: &txn,

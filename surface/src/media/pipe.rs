@@ -122,32 +122,34 @@ pub fn pump(src: &mut impl Read, chunk: usize, emit: &mut Emit) -> io::Result<u6
     }
 }
 
-/// A reader that hashes (SHA-256) what passes through it.
+/// A reader that hashes (SHA-256) what passes through it, when asked to.
 #[derive(Debug)]
 pub struct Hashing<R> {
     inner: R,
-    hasher: Sha256,
+    hasher: Option<Sha256>,
 }
 
 impl<R: Read> Hashing<R> {
-    /// Hashes what is read from `inner`.
-    pub fn new(inner: R) -> Self {
+    /// Reads `inner`, hashing what is read when `hash`.
+    pub fn new(inner: R, hash: bool) -> Self {
         Self {
             inner,
-            hasher: Sha256::new(),
+            hasher: hash.then(Sha256::new),
         }
     }
 
-    /// The hex SHA-256 of everything read.
-    pub fn hex(self) -> String {
-        hex::encode(self.hasher.finalize())
+    /// The hex SHA-256 of everything read, if hashing.
+    pub fn hex(self) -> Option<String> {
+        self.hasher.map(|h| hex::encode(h.finalize()))
     }
 }
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
+        if let Some(h) = &mut self.hasher {
+            h.update(&buf[..n]);
+        }
         Ok(n)
     }
 }
@@ -163,7 +165,7 @@ mod tests {
         let data: Vec<u8> = (0..1_000_003u32).map(|i| (i % 251) as u8).collect();
         let input = data.clone();
         let (stream, done) = produce(move |emit| {
-            let mut src = Hashing::new(&input[..]);
+            let mut src = Hashing::new(&input[..], true);
             let n = pump(&mut src, 4096, emit)?;
             Ok((n, src.hex()))
         });
@@ -172,7 +174,7 @@ mod tests {
         assert_eq!(chunks.concat(), data);
         let (n, sha) = done.await.unwrap().unwrap();
         assert_eq!(n, data.len() as u64);
-        assert_eq!(sha, hex::encode(Sha256::digest(&data)));
+        assert_eq!(sha, Some(hex::encode(Sha256::digest(&data))));
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -76,22 +76,12 @@ struct CacheFile {
     version: u32,
     /// SHA-256 (hex) of the content → where it was uploaded.
     entries: BTreeMap<String, CacheEntry>,
-    /// A file version (device, inode, size, times: [`OpenedFile::version_key`]) → the SHA-256
-    /// of its content, so a file sent again is recognized without reading it.
-    #[serde(default)]
-    versions: BTreeMap<String, VersionEntry>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct VersionEntry {
-    sha256: String,
-    /// Unix seconds, for eviction.
-    at: u64,
-}
-
-/// Files smaller than this are hashed before uploading, so the same content under another
-/// name is not uploaded again; larger ones are hashed while they upload (one read instead of
-/// two) and recognized again by their version.
+/// Files smaller than this are hashed before uploading and cached by content, so the same bytes
+/// under another name are not uploaded again; larger ones are read once, while they upload, and
+/// cached by their version (device, inode, size, times: [`OpenedFile::version_key`]), so the same
+/// file sent again is not even read.
 pub const PREHASH_BELOW: u64 = 16 * 1024 * 1024;
 
 /// Content hash → `mxc://` URI of what this account already uploaded, persisted as JSON in the
@@ -143,13 +133,7 @@ impl UploadCache {
 
     /// Records an upload and persists the cache.
     pub async fn insert(&self, sha256: &str, size: u64, mxc: OwnedMxcUri) -> io::Result<()> {
-        self.store(sha256.to_owned(), size, mxc, None, None).await
-    }
-
-    /// The content hash of a file version seen before.
-    async fn sha_of_version(&self, version: &str) -> Option<String> {
-        let file = self.file.lock().await;
-        file.versions.get(version).map(|v| v.sha256.clone())
+        self.store(sha256.to_owned(), size, mxc, None).await
     }
 
     /// The encrypted upload of content with this (plaintext) hash and size, if there was one.
@@ -168,14 +152,8 @@ impl UploadCache {
         size: u64,
         file: EncryptedFile,
     ) -> io::Result<()> {
-        self.store(
-            encrypted_key(sha256),
-            size,
-            file.url.clone(),
-            Some(file),
-            None,
-        )
-        .await
+        self.store(encrypted_key(sha256), size, file.url.clone(), Some(file))
+            .await
     }
 
     async fn store(
@@ -184,7 +162,6 @@ impl UploadCache {
         size: u64,
         mxc: OwnedMxcUri,
         encrypted: Option<EncryptedFile>,
-        version: Option<(String, String)>,
     ) -> io::Result<()> {
         let mut file = self.file.lock().await;
         let at = SystemTime::now()
@@ -200,20 +177,6 @@ impl UploadCache {
                 at,
             },
         );
-        if let Some((version, sha256)) = version {
-            file.versions.insert(version, VersionEntry { sha256, at });
-        }
-        while file.versions.len() > MAX_CACHE_ENTRIES {
-            let oldest = file
-                .versions
-                .iter()
-                .min_by_key(|(_, v)| v.at)
-                .map(|(k, _)| k.clone());
-            match oldest {
-                Some(k) => file.versions.remove(&k),
-                None => break,
-            };
-        }
         while file.entries.len() > MAX_CACHE_ENTRIES {
             let oldest = file
                 .entries
@@ -273,34 +236,28 @@ pub async fn upload_file(
     upload_with(&api, opened, mime, cache).await
 }
 
-/// The content hash of `opened`, if it is known without a full read or cheap to compute.
-async fn known_sha(
-    opened: &OpenedFile,
-    cache: &UploadCache,
-) -> Result<Option<String>, UploadError> {
-    if let Some(sha) = match opened.version_key() {
-        Ok(v) => cache.sha_of_version(&v).await,
-        Err(_) => None,
-    } {
-        return Ok(Some(sha));
-    }
+/// How `opened` is found in the cache: its content hash when it is small (read once more to
+/// hash it), else its version; `None` when neither is available.
+async fn cache_key(opened: &OpenedFile) -> Result<Option<String>, UploadError> {
     if opened.size < PREHASH_BELOW {
         let (sha, _) = hash_file(opened).await.map_err(UploadError::Read)?;
         return Ok(Some(sha));
     }
-    Ok(None)
+    Ok(opened.version_key().ok().map(|v| format!("version:{v}")))
 }
 
-/// Records the file's version for the next time, unless it changed while being sent.
-async fn version_after(
+/// The key to cache a finished upload under: the hash of what was sent (small files), or the
+/// version, if the file did not change while it was sent.
+fn key_after(
     opened: &OpenedFile,
     before: Option<String>,
-    sha: &str,
-) -> Option<(String, String)> {
-    let after = opened.version_key().ok();
-    before
-        .filter(|b| after.as_ref() == Some(b))
-        .map(|v| (v, sha.to_owned()))
+    sent_sha: Option<String>,
+) -> Option<String> {
+    if sent_sha.is_some() {
+        return sent_sha;
+    }
+    let after = opened.version_key().ok().map(|v| format!("version:{v}"));
+    before.filter(|b| after.as_ref() == Some(b))
 }
 
 pub(super) async fn upload_with(
@@ -309,20 +266,22 @@ pub(super) async fn upload_with(
     mime: &str,
     cache: &UploadCache,
 ) -> Result<OwnedMxcUri, UploadError> {
-    let before = opened.version_key().ok();
-    if let Some(sha) = known_sha(opened, cache).await?
-        && let Some(mxc) = cache.get(&sha, opened.size).await
+    let key = cache_key(opened).await?;
+    if let Some(k) = &key
+        && let Some(mxc) = cache.get(k, opened.size).await
     {
         tracing::debug!(%mxc, "same content uploaded before; reusing it");
         return Ok(mxc);
     }
     let len = opened.size;
+    let hash = len < PREHASH_BELOW;
     let mut url = api.url(&["_matrix", "media", "v3", "upload"])?;
     url.query_pairs_mut().append_pair("filename", &opened.name);
     let (mxc, sent_sha) =
-        with_retries("upload", || attempt(api, opened, mime, url.clone())).await?;
-    let version = version_after(opened, before, &sent_sha).await;
-    if let Err(e) = cache.store(sent_sha, len, mxc.clone(), None, version).await {
+        with_retries("upload", || attempt(api, opened, mime, hash, url.clone())).await?;
+    if let Some(k) = key_after(opened, key, sent_sha)
+        && let Err(e) = cache.insert(&k, len, mxc.clone()).await
+    {
         tracing::warn!(error = %e, "could not persist the upload cache");
     }
     tracing::info!(%mxc, "file uploaded");
@@ -350,25 +309,23 @@ pub(super) async fn upload_encrypted_with(
     opened: &OpenedFile,
     cache: &UploadCache,
 ) -> Result<EncryptedFile, UploadError> {
-    let before = opened.version_key().ok();
-    if let Some(sha) = known_sha(opened, cache).await?
-        && let Some(file) = cache.get_encrypted(&sha, opened.size).await
+    let key = cache_key(opened).await?;
+    if let Some(k) = &key
+        && let Some(file) = cache.get_encrypted(k, opened.size).await
     {
         tracing::debug!(mxc = %file.url, "same content uploaded encrypted before; reusing it");
         return Ok(file);
     }
     let len = opened.size;
+    let hash = len < PREHASH_BELOW;
     let url = api.url(&["_matrix", "media", "v3", "upload"])?;
-    let (mxc, sha, info) = with_retries("encrypted upload", || {
-        attempt_encrypted(api, opened, url.clone())
+    let (mxc, sent_sha, info) = with_retries("encrypted upload", || {
+        attempt_encrypted(api, opened, hash, url.clone())
     })
     .await?;
     let file = EncryptedFile::new(mxc, info.encryption_info, info.hashes);
-    let version = version_after(opened, before, &sha).await;
-    let key = encrypted_key(&sha);
-    if let Err(e) = cache
-        .store(key, len, file.url.clone(), Some(file.clone()), version)
-        .await
+    if let Some(k) = key_after(opened, key, sent_sha)
+        && let Err(e) = cache.insert_encrypted(&k, len, file.clone()).await
     {
         tracing::warn!(error = %e, "could not persist the upload cache");
     }
@@ -380,9 +337,9 @@ pub(super) async fn upload_encrypted_with(
 async fn hash_file(opened: &OpenedFile) -> io::Result<(String, u64)> {
     let file = opened.std_reader()?;
     tokio::task::spawn_blocking(move || {
-        let mut src = pipe::Hashing::new(file);
+        let mut src = pipe::Hashing::new(file, true);
         let n = io::copy(&mut src, &mut io::sink())?;
-        Ok((src.hex(), n))
+        Ok((src.hex().unwrap_or_default(), n))
     })
     .await
     .map_err(io::Error::other)?
@@ -400,18 +357,19 @@ fn shrank() -> io::Error {
     )
 }
 
-/// One try: stream exactly `opened.size` bytes of the file, hashed on a blocking thread on the
-/// way. Returns the URI and the SHA-256 of what was actually sent.
+/// One try: stream exactly `opened.size` bytes of the file, read on a blocking thread (and
+/// hashed on the way when `hash`). Returns the URI and the SHA-256 of what was actually sent.
 async fn attempt(
     api: &MediaApi,
     opened: &OpenedFile,
     mime: &str,
+    hash: bool,
     url: url::Url,
-) -> Result<(OwnedMxcUri, String), UploadError> {
+) -> Result<(OwnedMxcUri, Option<String>), UploadError> {
     let len = opened.size;
     let source = opened.std_reader().map_err(UploadError::Read)?;
     let (stream, done) = pipe::produce(move |emit| {
-        let mut src = pipe::Hashing::new(source.take(len));
+        let mut src = pipe::Hashing::new(source.take(len), hash);
         if pipe::pump(&mut src, pipe::UPLOAD_CHUNK, emit)? != len {
             return Err(shrank());
         }
@@ -430,12 +388,13 @@ async fn attempt(
 async fn attempt_encrypted(
     api: &MediaApi,
     opened: &OpenedFile,
+    hash: bool,
     url: url::Url,
-) -> Result<(OwnedMxcUri, String, MediaEncryptionInfo), UploadError> {
+) -> Result<(OwnedMxcUri, Option<String>, MediaEncryptionInfo), UploadError> {
     let len = opened.size;
     let source = opened.std_reader().map_err(UploadError::Read)?;
     let (stream, done) = pipe::produce(move |emit| {
-        let mut plain = pipe::Hashing::new(source.take(len));
+        let mut plain = pipe::Hashing::new(source.take(len), hash);
         let (sent, info) = {
             let mut encryptor = AttachmentEncryptor::new(&mut plain);
             let sent = pipe::pump(&mut encryptor, pipe::UPLOAD_CHUNK, emit)?;
