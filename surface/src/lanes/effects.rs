@@ -66,13 +66,12 @@ impl Lane {
             let _ = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq);
             return;
         };
-        self.ctx
-            .tracker
-            .spawn(read_receipt(self.room.clone(), target.event_id.clone()));
         let typing = CancellationToken::new();
-        self.ctx
-            .tracker
-            .spawn(keep_typing(self.room.clone(), typing.clone()));
+        self.ctx.tracker.spawn(show_progress(
+            self.room.clone(),
+            target.event_id.clone(),
+            typing.clone(),
+        ));
         let mut turn = Turn {
             target,
             turn: msg.id.clone(),
@@ -450,7 +449,7 @@ impl Lane {
     }
 }
 
-/// Marks the trigger read when its turn starts, so the user sees it was taken up.
+/// Marks the trigger read, so the user sees it was taken up.
 async fn read_receipt(room: Room, event_id: OwnedEventId) {
     use matrix_sdk::ruma::api::client::receipt::create_receipt::v3::ReceiptType;
     use matrix_sdk::ruma::events::receipt::ReceiptThread;
@@ -462,17 +461,19 @@ async fn read_receipt(room: Room, event_id: OwnedEventId) {
     }
 }
 
-/// A turn shorter than this shows no typing notice (each notice is a request, and wakes every
-/// member's sync).
-const TYPING_AFTER: Duration = Duration::from_millis(700);
+/// A turn shorter than this shows no read receipt and no typing notice: its answer is on its
+/// way (and posting it marks the trigger read anyway). Each of them is a request the homeserver
+/// serves and a wake-up for every member's sync.
+const PROGRESS_AFTER: Duration = Duration::from_millis(700);
 
-/// Shows the typing notice once the turn has taken [`TYPING_AFTER`], keeps it up until `stop`,
-/// then takes it down.
-async fn keep_typing(room: Room, stop: CancellationToken) {
+/// Once the turn has taken [`PROGRESS_AFTER`]: marks the trigger read and shows the typing
+/// notice, keeps it up until `stop`, then takes it down.
+async fn show_progress(room: Room, trigger: OwnedEventId, stop: CancellationToken) {
     tokio::select! {
         _ = stop.cancelled() => return,
-        _ = tokio::time::sleep(TYPING_AFTER) => {}
+        _ = tokio::time::sleep(PROGRESS_AFTER) => {}
     }
+    read_receipt(room.clone(), trigger).await;
     loop {
         if let Err(e) = room.typing_notice(true).await {
             debug!(error = %e, "typing notice failed");
