@@ -9,6 +9,8 @@
 #
 # SYNAPSE_RC_MESSAGE (a YAML flow mapping, e.g. '{per_second: 0.5, burst_count: 3}') replaces the
 # fast message rate limit, for tests that need the homeserver to answer 429.
+# SYNAPSE_MAX_UPLOAD_SIZE (e.g. `8G`, default 512M) raises the upload limit, for the benchmark's
+# big files.
 set -euo pipefail
 
 SYNAPSE_VERSION="${SYNAPSE_VERSION:-1.163.2}"
@@ -72,7 +74,7 @@ report_stats: false
 trusted_key_servers: []
 suppress_key_server_warning: true
 enable_authenticated_media: true
-max_upload_size: 512M
+max_upload_size: ${SYNAPSE_MAX_UPLOAD_SIZE:-512M}
 url_preview_enabled: false
 presence: {enabled: false}
 rc_message: ${SYNAPSE_RC_MESSAGE:-$fast}

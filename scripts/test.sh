@@ -44,6 +44,9 @@ trap 'scripts/synapse.sh stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
 eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
 # Every crate's tests/it; the e2e ones start real agent and surface processes against Synapse.
 cargo test --workspace --test it --locked -- --test-threads 2 --nocapture
+# The benchmark's smoke run (tiny sizes, one run): the instrument still measures everything. It
+# fails only when a measurement cannot be taken, never for a missed target.
+"$CARGO_TARGET_DIR/debug/bench" --smoke --out "$SYN_DIR/bench.json"
 
 step "docker compose end-to-end"
 if [ -n "${MXBRIDGE_SKIP_DOCKER:-}" ]; then

@@ -5,6 +5,7 @@
 
 pub mod agent_ws;
 pub mod attack;
+pub mod bench;
 pub mod canary;
 pub mod check;
 pub mod e2ee;

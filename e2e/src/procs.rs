@@ -10,10 +10,16 @@ use anyhow::{Context, Result};
 
 use crate::{Homeserver, User, unique};
 
-/// Where cargo put the workspace's binaries (next to the test binary's `deps/`).
+/// Where cargo put the workspace's binaries: `target/<profile>/`, the parent of a test binary's
+/// `deps/`, or the folder of a binary such as `bench` itself.
 fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let parent = exe.parent().expect("exe dir");
+    let dir = if parent.file_name() == Some(std::ffi::OsStr::new("deps")) {
+        parent.parent().expect("target dir")
+    } else {
+        parent
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -1,0 +1,356 @@
+//! The catalogue of figures: what each one is, its unit, what it is compared with and the target
+//! it should reach. A run fills a [`Sample`] per figure; the report aggregates them.
+
+use std::collections::BTreeMap;
+
+use super::stats::Target;
+
+/// Which kind of room a transfer went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Room {
+    /// Unencrypted: the media is the file.
+    Plain,
+    /// End-to-end encrypted: the media is the encrypted blob.
+    Encrypted,
+}
+
+impl Room {
+    /// `plain` or `encrypted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Encrypted => "encrypted",
+        }
+    }
+}
+
+/// One leg of the surface's own latency (its `mxbridge_latency` log lines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Leg {
+    /// From the event in the sync response to the turn sent to the agent.
+    SyncToAgent,
+    /// From the agent's message to the Matrix send.
+    AgentToSend,
+}
+
+impl Leg {
+    /// The `leg` field's value in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SyncToAgent => "sync_to_agent",
+            Self::AgentToSend => "agent_to_send",
+        }
+    }
+
+    /// Both legs.
+    pub const ALL: [Leg; 2] = [Leg::SyncToAgent, Leg::AgentToSend];
+}
+
+/// Which statistic of a series of samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stat {
+    /// Median.
+    P50,
+    /// 99th percentile (nearest rank: the max for fewer than 51 samples).
+    P99,
+    /// Largest.
+    Max,
+}
+
+impl Stat {
+    /// `p50`, `p99` or `max`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::P50 => "p50",
+            Self::P99 => "p99",
+            Self::Max => "max",
+        }
+    }
+
+    /// The percentile it stands for.
+    pub fn p(self) -> f64 {
+        match self {
+            Self::P50 => 0.5,
+            Self::P99 => 0.99,
+            Self::Max => 1.0,
+        }
+    }
+}
+
+/// One figure of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fig {
+    /// SHA-256 over an in-memory buffer, MiB/s.
+    Sha,
+    /// 4 KiB write + fsync, per second.
+    Fsync,
+    /// Sequential write with a final fsync, MiB/s (comparator: without).
+    SeqWrite,
+    /// User → bot inbox, MiB/s (comparator: curl download).
+    Inbound(Room),
+    /// The same, next to curl download + fsync.
+    InboundFsync(Room),
+    /// The surface's peak RSS growth during the inbound transfer, MiB (comparator: curl's peak).
+    InboundRss(Room),
+    /// Agent → room, MiB/s (comparator: curl upload).
+    Outbound(Room),
+    /// MiB uploaded when the same file is sent again (comparator: the file's size).
+    OutboundAgainBytes(Room),
+    /// Seconds the second send of the same file took (comparator: the first send).
+    OutboundAgainTime(Room),
+    /// The surface's peak RSS growth during the outbound transfer, MiB (comparator: curl's
+    /// peak uploading the same file).
+    OutboundRss(Room),
+    /// Surface-added latency, ms.
+    Surface(Leg, Stat),
+    /// Reply latency in an encrypted DM, ms (comparator: the echo bot).
+    Reply {
+        /// With a pause before each message (else back to back).
+        paced: bool,
+        /// p50 or p99.
+        stat: Stat,
+    },
+    /// Messages answered per second in one room (comparator: the echo bot).
+    OneRoom,
+    /// Messages answered per second over `--rooms` rooms.
+    Rooms,
+    /// Of the one-room burst's time, the share the user spent sending, % (comparator: the echo
+    /// bot's burst): near 100 means the homeserver's send rate, not the bot, set the pace.
+    OneRoomSending,
+    /// The same for the many-rooms burst.
+    RoomsSending,
+}
+
+/// How a figure reads in the report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    /// Stable key for the JSON.
+    pub key: String,
+    /// Human label for the table.
+    pub label: String,
+    /// Unit of this figure and of its comparator.
+    pub unit: &'static str,
+    /// What it is compared with (empty: nothing, the figure stands alone).
+    pub comparator: &'static str,
+    /// What it should reach.
+    pub target: Option<Target>,
+    /// Whether `this / comparator` means something (not for RSS growth next to curl's peak).
+    pub ratio: bool,
+}
+
+/// Largest surface RSS growth per transfer direction.
+pub const RSS_LIMIT_MIB: f64 = 16.0;
+/// Largest surface-added p99 per leg.
+pub const LEG_P99_LIMIT_MS: f64 = 5.0;
+
+impl Fig {
+    /// Every figure in table order; `rooms` is `--rooms`.
+    pub fn all() -> Vec<Fig> {
+        let mut out = vec![Fig::Sha, Fig::Fsync, Fig::SeqWrite];
+        for room in [Room::Plain, Room::Encrypted] {
+            out.extend([
+                Fig::Inbound(room),
+                Fig::InboundFsync(room),
+                Fig::InboundRss(room),
+            ]);
+        }
+        for room in [Room::Plain, Room::Encrypted] {
+            out.extend([
+                Fig::Outbound(room),
+                Fig::OutboundAgainBytes(room),
+                Fig::OutboundAgainTime(room),
+                Fig::OutboundRss(room),
+            ]);
+        }
+        for leg in Leg::ALL {
+            for stat in [Stat::P50, Stat::P99, Stat::Max] {
+                out.push(Fig::Surface(leg, stat));
+            }
+        }
+        for paced in [false, true] {
+            for stat in [Stat::P50, Stat::P99] {
+                out.push(Fig::Reply { paced, stat });
+            }
+        }
+        out.extend([
+            Fig::OneRoom,
+            Fig::OneRoomSending,
+            Fig::Rooms,
+            Fig::RoomsSending,
+        ]);
+        out
+    }
+
+    /// Label, unit, comparator and target; `rooms` is `--rooms`.
+    pub fn spec(self, rooms: usize) -> Spec {
+        let s = |key: String, label: String, unit, comparator, target| Spec {
+            key,
+            label,
+            unit,
+            comparator,
+            target,
+            ratio: !matches!(
+                self,
+                Fig::InboundRss(_) | Fig::OutboundRss(_) | Fig::OneRoomSending | Fig::RoomsSending
+            ),
+        };
+        let rss = Some(Target::AtMost(RSS_LIMIT_MIB));
+        match self {
+            Fig::Sha => s("sha256".into(), "SHA-256".into(), "MiB/s", "", None),
+            Fig::Fsync => s("fsync".into(), "4 KiB write+fsync".into(), "/s", "", None),
+            Fig::SeqWrite => s(
+                "seq_write_fsync".into(),
+                "seq. write+fsync".into(),
+                "MiB/s",
+                "no fsync",
+                None,
+            ),
+            Fig::Inbound(r) => s(
+                format!("inbound_{}", r.as_str()),
+                format!("inbound {}", r.as_str()),
+                "MiB/s",
+                "curl",
+                Some(Target::RatioAtLeast(0.9)),
+            ),
+            Fig::InboundFsync(r) => s(
+                format!("inbound_{}_vs_fsync", r.as_str()),
+                format!("inbound {}", r.as_str()),
+                "MiB/s",
+                "curl+fsync",
+                None,
+            ),
+            Fig::InboundRss(r) => s(
+                format!("inbound_{}_rss_growth", r.as_str()),
+                format!("inbound {} RSS growth", r.as_str()),
+                "MiB",
+                "curl peak RSS",
+                rss,
+            ),
+            Fig::Outbound(r) => s(
+                format!("outbound_{}", r.as_str()),
+                format!("outbound {}", r.as_str()),
+                "MiB/s",
+                "curl upload",
+                Some(Target::RatioAtLeast(0.9)),
+            ),
+            Fig::OutboundAgainBytes(r) => s(
+                format!("outbound_{}_again_uploaded", r.as_str()),
+                format!("outbound {} again: uploaded", r.as_str()),
+                "MiB",
+                "file size",
+                Some(Target::AtMost(0.0)),
+            ),
+            Fig::OutboundAgainTime(r) => s(
+                format!("outbound_{}_again_time", r.as_str()),
+                format!("outbound {} again: time", r.as_str()),
+                "s",
+                "first send",
+                None,
+            ),
+            Fig::OutboundRss(r) => s(
+                format!("outbound_{}_rss_growth", r.as_str()),
+                format!("outbound {} RSS growth", r.as_str()),
+                "MiB",
+                "curl peak RSS",
+                rss,
+            ),
+            Fig::Surface(leg, stat) => s(
+                format!("surface_{}_{}", leg.as_str(), stat.as_str()),
+                format!("surface {} {}", leg.as_str(), stat.as_str()),
+                "ms",
+                "",
+                (stat == Stat::P99).then_some(Target::AtMost(LEG_P99_LIMIT_MS)),
+            ),
+            Fig::Reply { paced, stat } => {
+                let how = if paced { "paced" } else { "back_to_back" };
+                s(
+                    format!("reply_{how}_{}", stat.as_str()),
+                    format!("reply {} {}", how.replace('_', "-"), stat.as_str()),
+                    "ms",
+                    "echo bot",
+                    (!paced && stat == Stat::P50).then_some(Target::RatioAtMost(1.2)),
+                )
+            }
+            Fig::OneRoom => s(
+                "throughput_one_room".into(),
+                "throughput 1 room".into(),
+                "msg/s",
+                "echo bot",
+                Some(Target::RatioAtLeast(0.8)),
+            ),
+            Fig::Rooms => s(
+                "throughput_rooms".into(),
+                format!("throughput {rooms} rooms"),
+                "msg/s",
+                "echo bot",
+                Some(Target::RatioAtLeast(0.8)),
+            ),
+            Fig::OneRoomSending => s(
+                "throughput_one_room_sending_share".into(),
+                "  of which sending".into(),
+                "%",
+                "echo bot",
+                None,
+            ),
+            Fig::RoomsSending => s(
+                "throughput_rooms_sending_share".into(),
+                "  of which sending".into(),
+                "%",
+                "echo bot",
+                None,
+            ),
+        }
+    }
+}
+
+/// One figure of one run: this project's value and its comparator's, measured in the same run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sample {
+    /// This project (or the machine, for machine figures).
+    pub this: Option<f64>,
+    /// The comparator.
+    pub other: Option<f64>,
+}
+
+impl Sample {
+    /// Both values.
+    pub fn new(this: f64, other: f64) -> Self {
+        Self {
+            this: Some(this),
+            other: Some(other),
+        }
+    }
+
+    /// A figure without a comparator.
+    pub fn alone(this: f64) -> Self {
+        Self {
+            this: Some(this),
+            other: None,
+        }
+    }
+}
+
+/// Everything one run measured.
+pub type RunFigures = BTreeMap<Fig, Sample>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_every_target_has_what_it_needs() {
+        let all = Fig::all();
+        let keys: std::collections::BTreeSet<String> = all.iter().map(|f| f.spec(20).key).collect();
+        assert_eq!(keys.len(), all.len(), "duplicate keys");
+        for f in all {
+            let spec = f.spec(20);
+            if matches!(
+                spec.target,
+                Some(Target::RatioAtLeast(_) | Target::RatioAtMost(_))
+            ) {
+                assert!(!spec.comparator.is_empty(), "{f:?} needs a comparator");
+            }
+        }
+        assert_eq!(Fig::Rooms.spec(7).label, "throughput 7 rooms");
+    }
+}

@@ -1,0 +1,593 @@
+//! What the comparators say dominates a missed target: a best-effort one-line hint computed from
+//! the measured medians. Pure.
+
+use std::collections::BTreeMap;
+
+use super::figures::{Fig, Leg, Room, Stat};
+
+/// The medians over the runs: this project's value and the comparator's, per figure.
+pub type Medians = BTreeMap<Fig, (Option<f64>, Option<f64>)>;
+
+/// The figures a hint weighs, taken from the medians.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Clue {
+    /// Download into the inbox, rates in MiB/s.
+    Inbound {
+        /// Encrypted room (the surface also decrypts).
+        encrypted: bool,
+        /// The surface.
+        this: f64,
+        /// curl without fsync.
+        curl: f64,
+        /// curl plus an fsync of the file.
+        curl_fsync: Option<f64>,
+        /// SHA-256 rate of the machine.
+        sha: Option<f64>,
+        /// The file, MiB.
+        size: f64,
+        /// The echo bot's reply p50 (back to back), s: the fixed cost of getting an event to a
+        /// bot and back.
+        echo_s: Option<f64>,
+    },
+    /// Upload of the agent's file, times in seconds.
+    Outbound {
+        /// Encrypted room (the surface also encrypts).
+        encrypted: bool,
+        /// From the user's message to the file event.
+        this_s: f64,
+        /// curl uploading the same file.
+        curl_s: f64,
+        /// The file's size over the machine's SHA-256 rate.
+        sha_s: Option<f64>,
+        /// A bot reply's p50 (back to back), the fixed cost of a turn.
+        turn_s: Option<f64>,
+    },
+    /// The surface's own latency on one leg, ms.
+    Leg {
+        /// Median.
+        p50: f64,
+        /// 99th percentile.
+        p99: f64,
+        /// Largest.
+        max: f64,
+    },
+    /// Reply latency, ms.
+    Reply {
+        /// The bot, back to back.
+        bot: f64,
+        /// The echo bot, back to back.
+        echo: f64,
+        /// The bot, paced.
+        bot_paced: Option<f64>,
+        /// The surface's own p50s, both legs added (if instrumented).
+        surface: Option<f64>,
+    },
+    /// Messages answered per second.
+    Throughput {
+        /// The bot.
+        bot: f64,
+        /// The echo bot.
+        echo: f64,
+        /// How many rooms (1 for the one-room figure).
+        rooms: usize,
+        /// The bot's one-room rate (for the many-rooms figure).
+        one_room: Option<f64>,
+        /// The bot's back-to-back reply p50, ms.
+        reply_ms: Option<f64>,
+        /// The share of the bot's burst spent sending, %.
+        sending: Option<f64>,
+    },
+    /// Surface RSS growth in one transfer, MiB.
+    Rss {
+        /// Encrypted room.
+        encrypted: bool,
+        /// Growth.
+        growth: f64,
+        /// The file.
+        size: f64,
+    },
+    /// Bytes uploaded by the second send of the same file, MiB.
+    Again {
+        /// Encrypted room.
+        encrypted: bool,
+        /// Uploaded the second time.
+        uploaded: f64,
+        /// The file.
+        size: f64,
+    },
+}
+
+/// Within `tolerance` (a fraction of `b`).
+fn near(a: f64, b: f64, tolerance: f64) -> bool {
+    (a - b).abs() <= tolerance * b.abs()
+}
+
+/// The one-line hint for a missed target.
+pub fn hint(clue: &Clue) -> String {
+    match *clue {
+        Clue::Inbound {
+            encrypted,
+            this,
+            curl,
+            curl_fsync,
+            sha,
+            size,
+            echo_s,
+        } => {
+            let work = if encrypted {
+                "decrypting and hashing"
+            } else {
+                "hashing"
+            };
+            let (t, tc) = (1.0 / this, 1.0 / curl);
+            let tf = curl_fsync.map(|f| 1.0 / f);
+            let ts = sha.map(|s| 1.0 / s);
+            match (curl_fsync, tf, ts) {
+                _ if echo_s.is_some_and(|e| (t - tc) * size <= e) => format!(
+                    "fixed latency dominates (an echo round trip is {:.0} ms, curl needs {:.2} s): \
+                     use a larger --size-mib",
+                    echo_s.unwrap_or_default() * 1000.0,
+                    tc * size
+                ),
+                (Some(f), _, _) if near(this, f, 0.1) => {
+                    "disk fsync dominates: within 10% of curl+fsync".into()
+                }
+                (_, Some(tf), Some(ts)) if near(t, tf + ts, 0.15) => {
+                    format!("{work} after the download: time ≈ download+fsync + size/SHA-256 rate")
+                }
+                (_, _, Some(ts)) if near(t, tc + ts, 0.15) => {
+                    format!("{work} after the download: time ≈ download + size/SHA-256 rate")
+                }
+                (_, Some(tf), Some(ts)) if t > tf + ts => format!(
+                    "{:.0}% of the time is beyond download+fsync+hash: the surface's download path",
+                    100.0 * (t - tf - ts) / t
+                ),
+                _ => format!(
+                    "{:.0}% slower than curl, not explained by fsync or hashing",
+                    100.0 * (t / tc - 1.0)
+                ),
+            }
+        }
+        Clue::Outbound {
+            encrypted,
+            this_s,
+            curl_s,
+            sha_s,
+            turn_s,
+        } => {
+            let work = if encrypted {
+                "encrypting and hashing"
+            } else {
+                "hashing"
+            };
+            let turn = turn_s.unwrap_or(0.0);
+            match sha_s {
+                _ if turn_s.is_some() && this_s - curl_s <= 1.5 * turn => format!(
+                    "the turn's fixed latency dominates ({:.0} ms vs {curl_s:.2} s upload): use a larger --size-mib",
+                    turn * 1000.0
+                ),
+                Some(sha) if near(this_s, turn + sha + curl_s, 0.15) => format!(
+                    "{work} before upload: time ≈ turn + size/SHA-256 rate + upload \
+                     ({turn:.2} + {sha:.2} + {curl_s:.2} s)"
+                ),
+                Some(sha) if this_s > turn + sha + curl_s => format!(
+                    "{:.1} s beyond turn + hashing + upload: the surface's upload path",
+                    this_s - curl_s - sha - turn
+                ),
+                _ => format!("{:.1}× curl's upload time", this_s / curl_s),
+            }
+        }
+        Clue::Leg { p50, p99, max } => {
+            if p50 > p99 * 0.5 {
+                format!("every message is slow on this leg (p50 {p50:.1} ms)")
+            } else if near(p99, max, 0.01) {
+                format!("a few outliers (p99 = max = {max:.1} ms, p50 {p50:.1} ms)")
+            } else {
+                format!("tail only (p50 {p50:.1} ms, p99 {p99:.1} ms): occasional stalls")
+            }
+        }
+        Clue::Reply {
+            bot,
+            echo,
+            bot_paced,
+            surface,
+        } => {
+            let extra = bot - echo;
+            match (surface, bot_paced) {
+                (Some(s), _) if s >= 0.5 * extra => {
+                    format!(
+                        "the surface's own legs: {s:.0} ms (p50s added) of the {extra:.0} ms over echo"
+                    )
+                }
+                (_, Some(p)) if bot > 1.5 * p => format!(
+                    "back to back is slower than paced ({bot:.0} vs {p:.0} ms): the next message waits for the previous turn or a sync"
+                ),
+                _ if echo > 300.0 => format!(
+                    "sync round trips dominate: the echo bot takes {echo:.0} ms too; the bot adds {extra:.0} ms"
+                ),
+                (s, _) => format!(
+                    "the agent turn and extra round trips: +{extra:.0} ms over echo (surface legs: {})",
+                    s.map_or("not instrumented".to_owned(), |s| format!("{s:.1} ms"))
+                ),
+            }
+        }
+        Clue::Throughput {
+            bot,
+            echo,
+            rooms,
+            one_room,
+            reply_ms,
+            sending,
+        } => match (one_room, reply_ms) {
+            _ if sending.is_some_and(|p| p >= 80.0) => format!(
+                "the user's sends set the pace ({:.0}% of the time): the homeserver is the bottleneck",
+                sending.unwrap_or_default()
+            ),
+            (Some(one), _) if rooms > 1 && bot <= 1.2 * one => {
+                format!("no parallelism across rooms: {rooms} rooms ≈ one room ({one:.1} msg/s)")
+            }
+            (_, Some(ms)) if rooms == 1 && near(bot * ms / 1000.0, 1.0, 0.3) => {
+                format!("turns run one at a time: rate ≈ 1 / reply latency ({ms:.0} ms)")
+            }
+            _ => format!(
+                "{:.1}× slower than echo: per-message overhead in the surface or agent",
+                echo / bot
+            ),
+        },
+        Clue::Rss {
+            encrypted,
+            growth,
+            size,
+        } => {
+            if growth >= 0.5 * size {
+                let why = if encrypted {
+                    " (the encryption or decryption buffers it?)"
+                } else {
+                    ""
+                };
+                format!("the file is held in memory: {growth:.0} MiB for {size:.0} MiB{why}")
+            } else {
+                format!(
+                    "grows {growth:.0} MiB, less than half the file: large buffers or queued chunks"
+                )
+            }
+        }
+        Clue::Again {
+            encrypted,
+            uploaded,
+            size,
+        } => {
+            if uploaded < 0.9 * size {
+                format!("partly uploaded again ({uploaded:.1} of {size:.1} MiB)")
+            } else if encrypted {
+                "re-uploaded: encrypted media is not reused (a fresh key per upload)".into()
+            } else {
+                "re-uploaded: no cache of already uploaded content".into()
+            }
+        }
+    }
+}
+
+/// The clue for figure `fig` from the medians, `None` when a needed figure is missing or the
+/// figure has no hint. `size_mib` is the transfer size, `rooms` is `--rooms`.
+pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> {
+    let this = |f: Fig| m.get(&f).and_then(|v| v.0);
+    let other = |f: Fig| m.get(&f).and_then(|v| v.1);
+    let sha = this(Fig::Sha);
+    let b2b_p50 = Fig::Reply {
+        paced: false,
+        stat: Stat::P50,
+    };
+    let reply_p50 = this(b2b_p50);
+    Some(match fig {
+        Fig::Inbound(room) => Clue::Inbound {
+            encrypted: room == Room::Encrypted,
+            this: this(fig)?,
+            curl: other(fig)?,
+            curl_fsync: other(Fig::InboundFsync(room)),
+            sha,
+            size: size_mib,
+            echo_s: other(b2b_p50).map(|ms| ms / 1000.0),
+        },
+        Fig::Outbound(room) => Clue::Outbound {
+            encrypted: room == Room::Encrypted,
+            this_s: size_mib / this(fig)?,
+            curl_s: size_mib / other(fig)?,
+            sha_s: sha.map(|s| size_mib / s),
+            turn_s: reply_p50.map(|ms| ms / 1000.0),
+        },
+        Fig::Surface(leg, _) => Clue::Leg {
+            p50: this(Fig::Surface(leg, Stat::P50))?,
+            p99: this(Fig::Surface(leg, Stat::P99))?,
+            max: this(Fig::Surface(leg, Stat::Max))?,
+        },
+        Fig::Reply { .. } => Clue::Reply {
+            bot: reply_p50?,
+            echo: other(b2b_p50)?,
+            bot_paced: this(Fig::Reply {
+                paced: true,
+                stat: Stat::P50,
+            }),
+            surface: Leg::ALL
+                .iter()
+                .map(|l| this(Fig::Surface(*l, Stat::P50)))
+                .sum(),
+        },
+        Fig::OneRoom | Fig::Rooms => Clue::Throughput {
+            bot: this(fig)?,
+            echo: other(fig)?,
+            rooms: if fig == Fig::Rooms { rooms } else { 1 },
+            one_room: (fig == Fig::Rooms).then(|| this(Fig::OneRoom)).flatten(),
+            reply_ms: reply_p50,
+            sending: this(if fig == Fig::Rooms {
+                Fig::RoomsSending
+            } else {
+                Fig::OneRoomSending
+            }),
+        },
+        Fig::InboundRss(room) | Fig::OutboundRss(room) => Clue::Rss {
+            encrypted: room == Room::Encrypted,
+            growth: this(fig)?,
+            size: size_mib,
+        },
+        Fig::OutboundAgainBytes(room) => Clue::Again {
+            encrypted: room == Room::Encrypted,
+            uploaded: this(fig)?,
+            size: size_mib,
+        },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inbound(this: f64, curl_fsync: Option<f64>, sha: Option<f64>) -> Clue {
+        Clue::Inbound {
+            encrypted: false,
+            this,
+            curl: 1000.0,
+            curl_fsync,
+            sha,
+            size: 1024.0,
+            echo_s: Some(0.1),
+        }
+    }
+
+    fn outbound(this_s: f64, sha_s: Option<f64>, turn_s: Option<f64>) -> Clue {
+        Clue::Outbound {
+            encrypted: false,
+            this_s,
+            curl_s: 4.0,
+            sha_s,
+            turn_s,
+        }
+    }
+
+    fn reply(bot: f64, echo: f64, paced: Option<f64>, surface: Option<f64>) -> Clue {
+        Clue::Reply {
+            bot,
+            echo,
+            bot_paced: paced,
+            surface,
+        }
+    }
+
+    fn throughput(bot: f64, rooms: usize, one: Option<f64>, reply_ms: Option<f64>) -> Clue {
+        Clue::Throughput {
+            bot,
+            echo: 100.0,
+            rooms,
+            one_room: one,
+            reply_ms,
+            sending: Some(50.0),
+        }
+    }
+
+    #[test]
+    fn hints_name_what_dominates() {
+        let cases: Vec<(Clue, &str)> = vec![
+            (
+                inbound(400.0, Some(420.0), Some(2000.0)),
+                "disk fsync dominates",
+            ),
+            // 1/1000 + 1/500 = 1/333: hashing after the download.
+            (
+                inbound(333.0, None, Some(500.0)),
+                "hashing after the download: time ≈ download +",
+            ),
+            // fsync at 800, sha at 800: 1/800 + 1/800 = 1/400.
+            (
+                inbound(400.0, Some(800.0), Some(800.0)),
+                "time ≈ download+fsync +",
+            ),
+            (
+                inbound(100.0, Some(800.0), Some(2000.0)),
+                "beyond download+fsync+hash",
+            ),
+            (inbound(800.0, None, None), "25% slower than curl"),
+            // 2 MiB: 0.1 s vs 0.002 s for curl, an echo round trip is 0.1 s.
+            (
+                Clue::Inbound {
+                    encrypted: true,
+                    this: 20.0,
+                    curl: 1000.0,
+                    curl_fsync: None,
+                    sha: None,
+                    size: 2.0,
+                    echo_s: Some(0.1),
+                },
+                "fixed latency dominates (an echo round trip is 100 ms",
+            ),
+            (
+                outbound(4.2, Some(1.0), Some(0.2)),
+                "fixed latency dominates",
+            ),
+            (outbound(5.0, Some(1.0), Some(0.1)), "hashing before upload"),
+            // 0.99 s: turn 0.11 + sha 0.17 + curl 0.68 = 0.96.
+            (
+                Clue::Outbound {
+                    encrypted: true,
+                    this_s: 0.99,
+                    curl_s: 0.68,
+                    sha_s: Some(0.17),
+                    turn_s: Some(0.11),
+                },
+                "encrypting and hashing before upload",
+            ),
+            (
+                outbound(9.0, Some(1.0), Some(0.1)),
+                "3.9 s beyond turn + hashing + upload",
+            ),
+            (outbound(6.0, None, None), "1.5× curl"),
+            (
+                Clue::Leg {
+                    p50: 6.0,
+                    p99: 8.0,
+                    max: 9.0,
+                },
+                "every message is slow",
+            ),
+            (
+                Clue::Leg {
+                    p50: 0.5,
+                    p99: 30.0,
+                    max: 30.0,
+                },
+                "a few outliers",
+            ),
+            (
+                Clue::Leg {
+                    p50: 0.5,
+                    p99: 8.0,
+                    max: 30.0,
+                },
+                "tail only",
+            ),
+            (
+                reply(200.0, 100.0, None, Some(60.0)),
+                "surface's own legs: 60 ms (p50s added) of the 100 ms",
+            ),
+            (
+                reply(400.0, 100.0, Some(150.0), Some(5.0)),
+                "back to back is slower than paced",
+            ),
+            (
+                reply(800.0, 500.0, Some(700.0), None),
+                "sync round trips dominate",
+            ),
+            (reply(200.0, 100.0, Some(190.0), None), "not instrumented"),
+            (
+                throughput(30.0, 20, Some(28.0), None),
+                "no parallelism across rooms",
+            ),
+            (
+                throughput(20.0, 1, None, Some(50.0)),
+                "turns run one at a time",
+            ),
+            (
+                throughput(25.0, 1, None, Some(10.0)),
+                "4.0× slower than echo",
+            ),
+            (
+                Clue::Throughput {
+                    bot: 10.0,
+                    echo: 12.0,
+                    rooms: 20,
+                    one_room: None,
+                    reply_ms: None,
+                    sending: Some(91.0),
+                },
+                "sends set the pace (91% of the time)",
+            ),
+            (
+                Clue::Rss {
+                    encrypted: true,
+                    growth: 1030.0,
+                    size: 1024.0,
+                },
+                "held in memory: 1030 MiB for 1024 MiB (the encryption",
+            ),
+            (
+                Clue::Rss {
+                    encrypted: false,
+                    growth: 40.0,
+                    size: 1024.0,
+                },
+                "large buffers",
+            ),
+            (
+                Clue::Again {
+                    encrypted: false,
+                    uploaded: 1024.0,
+                    size: 1024.0,
+                },
+                "no cache",
+            ),
+            (
+                Clue::Again {
+                    encrypted: true,
+                    uploaded: 1024.0,
+                    size: 1024.0,
+                },
+                "fresh key",
+            ),
+            (
+                Clue::Again {
+                    encrypted: true,
+                    uploaded: 1.0,
+                    size: 1024.0,
+                },
+                "partly",
+            ),
+        ];
+        for (clue, want) in cases {
+            let got = hint(&clue);
+            assert!(got.contains(want), "{clue:?}: {got:?} lacks {want:?}");
+        }
+    }
+
+    #[test]
+    fn clues_come_from_the_medians() {
+        let mut m = Medians::new();
+        m.insert(Fig::Sha, (Some(512.0), None));
+        m.insert(Fig::Outbound(Room::Plain), (Some(128.0), Some(256.0)));
+        m.insert(
+            Fig::Reply {
+                paced: false,
+                stat: Stat::P50,
+            },
+            (Some(100.0), Some(50.0)),
+        );
+        assert_eq!(
+            clue(Fig::Outbound(Room::Plain), &m, 1024.0, 20),
+            Some(Clue::Outbound {
+                encrypted: false,
+                this_s: 8.0,
+                curl_s: 4.0,
+                sha_s: Some(2.0),
+                turn_s: Some(0.1),
+            })
+        );
+        assert_eq!(
+            clue(
+                Fig::Reply {
+                    paced: false,
+                    stat: Stat::P50
+                },
+                &m,
+                1024.0,
+                20
+            ),
+            Some(Clue::Reply {
+                bot: 100.0,
+                echo: 50.0,
+                bot_paced: None,
+                surface: None,
+            })
+        );
+        assert_eq!(clue(Fig::Outbound(Room::Encrypted), &m, 1024.0, 20), None);
+        assert_eq!(clue(Fig::Sha, &m, 1024.0, 20), None);
+    }
+}

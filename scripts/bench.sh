@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The benchmark: builds the release binaries, starts a throw-away Synapse of its own on a free
+# loopback port (uploads up to 8G), runs `bench` with the given flags and prints where the JSON
+# report is. Every figure is printed next to a comparator measured in the same run, min/median/max
+# over the runs; targets are PASS/MISS and never fail the script.
+#
+#   scripts/bench.sh                         # 3 runs, 1 GiB each way, 100 messages, 20 rooms
+#   scripts/bench.sh --smoke                 # tiny sizes, one run
+#   scripts/bench.sh --runs 1 --size-mib 64 --messages 20 --rooms 4 --out /tmp/b.json
+#
+# With the defaults it takes about 9 minutes on a 2-core machine (3 runs of 3 minutes: 45 s of
+# reply latency, mostly the paced series' pauses, 45 s of throughput, 85 s moving 1 GiB files
+# four ways through Synapse), plus the release build (half an hour cold, minutes after a change).
+# The disk needs about 10 GiB free (files and media are deleted after each run).
+# Caches as in scripts/test.sh: $MXBRIDGE_CACHE (default ~/.cache/mxbridge) holds the cargo
+# target dir (override with CARGO_TARGET_DIR) and the Synapse virtualenv.
+set -euo pipefail
+caller="$PWD"
+cd "$(dirname "$0")/.."
+repo="$PWD"
+
+export MXBRIDGE_CACHE="${MXBRIDGE_CACHE:-$HOME/.cache/mxbridge}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MXBRIDGE_CACHE/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+mkdir -p "$MXBRIDGE_CACHE" "$CARGO_TARGET_DIR"
+CARGO_TARGET_DIR="$(cd "$CARGO_TARGET_DIR" && pwd)"
+
+cargo build --release --workspace --locked
+
+SYN_DIR="$(mktemp -d /tmp/mxbridge-bench-synapse.XXXXXX)"
+SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+trap '"$repo/scripts/synapse.sh" stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
+export SYNAPSE_MAX_UPLOAD_SIZE="${SYNAPSE_MAX_UPLOAD_SIZE:-8G}"
+eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
+
+# Where the JSON goes: --out as given (relative to the caller's folder), else bench.json.
+out="bench.json"
+args=("$@")
+for i in "${!args[@]}"; do
+  case "${args[$i]}" in
+    --out) out="${args[$((i + 1))]:-$out}" ;;
+    --out=*) out="${args[$i]#--out=}" ;;
+  esac
+done
+
+cd "$caller"
+"$CARGO_TARGET_DIR/release/bench" "$@"
+echo "JSON report: $(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
