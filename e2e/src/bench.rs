@@ -6,7 +6,7 @@
 
 mod conversation;
 mod curl;
-mod echo;
+pub mod echo;
 mod figures;
 mod hints;
 mod legs;

@@ -1,19 +1,14 @@
 //! Benchmark, not an assertion: how long a user waits for the bot's reply in an encrypted DM,
 //! when they answer right after the previous reply (back to back) and when they pause first
-//! (paced), next to an echo bot on the same homeserver (a matrix-sdk client that replies at once
-//! from its own sync loop): the floor any bot can reach here. Figures are printed.
+//! (paced), next to an echo bot on the same homeserver (`e2e::bench::echo`, a matrix-sdk client
+//! that replies at once from its own sync loop): the floor any bot can reach here. Figures are
+//! printed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::e2ee::E2eeUser;
 use e2e::{Homeserver, Stack, StackOptions};
-use matrix_sdk::Room;
-use matrix_sdk::ruma::events::relation::{InReplyTo, Reply};
-use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
-use matrix_sdk::ruma::events::room::message::{
-    OriginalSyncRoomMessageEvent, Relation, RoomMessageEventContent,
-};
 
 use crate::TURN;
 
@@ -53,36 +48,6 @@ async fn series(user: &E2eeUser, room: &str, responder: &str, pause: Duration) -
     out
 }
 
-/// Makes `bot` an echo bot: joins every invite and answers every message of someone else with
-/// a reply, straight from its sync loop.
-fn echo(bot: &E2eeUser) {
-    let me = bot.user_id.clone();
-    bot.client()
-        .add_event_handler(move |ev: StrippedRoomMemberEvent, room: Room| {
-            let me = me.clone();
-            async move {
-                if ev.state_key.as_str() == me && ev.content.membership == MembershipState::Invite {
-                    let _ = room.join().await;
-                }
-            }
-        });
-    let me = bot.user_id.clone();
-    bot.client()
-        .add_event_handler(move |ev: OriginalSyncRoomMessageEvent, room: Room| {
-            let me = me.clone();
-            async move {
-                if ev.sender.as_str() == me {
-                    return;
-                }
-                let mut content = RoomMessageEventContent::text_plain("echo");
-                content.relates_to = Some(Relation::Reply(Reply::new(InReplyTo::new(
-                    ev.event_id.clone(),
-                ))));
-                let _ = room.send(content).await;
-            }
-        });
-}
-
 fn line(name: &str, ms: &[u128]) -> String {
     format!(
         "{name} p50={} p99={} max={}",
@@ -102,7 +67,7 @@ async fn reply_latency_back_to_back_paced_and_next_to_an_echo_bot() {
     alice.wait_joined(&room, &bot, TURN).await.unwrap();
 
     let echo_bot = Arc::new(E2eeUser::register(&hs, "echo").await.unwrap());
-    echo(&echo_bot);
+    e2e::bench::echo::serve(&echo_bot);
     let echo_room = alice.create_encrypted_dm(&echo_bot.user_id).await.unwrap();
     alice
         .wait_joined(&echo_room, &echo_bot.user_id, TURN)
