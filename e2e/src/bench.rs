@@ -18,7 +18,6 @@ mod setup;
 mod stats;
 mod transfer;
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -137,28 +136,7 @@ pub(crate) fn note(what: &str) {
     eprintln!("[bench {:>6.1}s] {what}", start.elapsed().as_secs_f64());
 }
 
-/// Polls `f` every `every` until it returns `Some`; fails naming `what` after `timeout`.
-pub(crate) async fn poll<T, F, Fut>(
-    timeout: Duration,
-    every: Duration,
-    what: &str,
-    mut f: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(every).await;
-    }
-}
+pub(crate) use crate::poll;
 
 /// Runs the benchmark against the homeserver of the environment.
 pub async fn run(args: &Args) -> Result<Report> {

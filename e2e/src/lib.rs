@@ -23,8 +23,13 @@ pub use matrix::{Homeserver, User};
 pub use procs::{Child, Stack, StackOptions};
 pub use synapse::DedicatedSynapse;
 
-/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+/// Polls `f` every `every` until it returns `Some`; fails naming `what` after `timeout`.
+pub async fn poll<T, F, Fut>(
+    timeout: Duration,
+    every: Duration,
+    what: &str,
+    mut f: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -32,14 +37,24 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Ok(v);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        if Instant::now() > deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(every).await;
     }
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(timeout, Duration::from_millis(250), what, f)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Creates a direct chat between `user` and `bot` and waits until the bot has joined it.
@@ -49,17 +64,35 @@ pub async fn open_dm(user: &User, bot: &str, timeout: Duration) -> String {
     room
 }
 
-/// Waits until `member` has joined `room` (as `user` sees it).
+/// Waits until `member` has joined `room` (as `user` sees it), polling every `every`.
+pub async fn joined(
+    user: &User,
+    room: &str,
+    member: &str,
+    timeout: Duration,
+    every: Duration,
+) -> anyhow::Result<()> {
+    poll(
+        timeout,
+        every,
+        &format!("{member} to join {room}"),
+        || async {
+            user.joined_members(room)
+                .await
+                .ok()?
+                .iter()
+                .any(|m| m == member)
+                .then_some(())
+        },
+    )
+    .await
+}
+
+/// Waits until `member` has joined `room` (as `user` sees it); panics after `timeout`.
 pub async fn wait_joined(user: &User, room: &str, member: &str, timeout: Duration) {
-    eventually(timeout, &format!("{member} to join {room}"), || async {
-        user.joined_members(room)
-            .await
-            .ok()?
-            .iter()
-            .any(|m| m == member)
-            .then_some(())
-    })
-    .await;
+    joined(user, room, member, timeout, Duration::from_millis(250))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Hex SHA-256 of `bytes`.

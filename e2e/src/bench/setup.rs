@@ -128,18 +128,5 @@ impl Setup {
 
 /// Waits until `member` has joined `room`, as `user` sees it.
 async fn wait_joined(user: &User, room: &str, member: &str) -> Result<()> {
-    poll(
-        TURN,
-        Duration::from_millis(100),
-        &format!("{member} to join {room}"),
-        || async {
-            user.joined_members(room)
-                .await
-                .ok()?
-                .iter()
-                .any(|m| m == member)
-                .then_some(())
-        },
-    )
-    .await
+    crate::joined(user, room, member, TURN, Duration::from_millis(100)).await
 }
