@@ -157,6 +157,7 @@ impl Link {
         turn: &str,
         path: WorkspacePath,
         caption: Option<String>,
+        voice: bool,
     ) -> Result<Option<DeliveryResult>, Closed> {
         let request_id = new_id("send");
         let (tx, rx) = oneshot::channel();
@@ -170,6 +171,7 @@ impl Link {
             request_id: request_id.clone(),
             path,
             caption,
+            voice,
         })
         .await?;
         match tokio::time::timeout(self.limits.delivery_timeout, rx).await {

@@ -124,6 +124,7 @@ impl TurnIo {
                 request_id: new_id("send"),
                 path,
                 caption: None,
+                voice: false,
             })
             .await
     }

@@ -65,6 +65,8 @@ pub struct Received {
     pub size: Option<u64>,
     /// Whether the event reached this client encrypted (and was decrypted by it).
     pub was_encrypted: bool,
+    /// The whole (decrypted) content, for fields the others do not cover.
+    pub content: Value,
 }
 
 impl Received {
@@ -99,6 +101,7 @@ impl Received {
             mimetype: None,
             size: None,
             was_encrypted,
+            content: serde_json::to_value(&ev.content).unwrap_or_default(),
         };
         let size = |s: Option<UInt>| s.map(u64::from);
         // The four media kinds have the same fields in different ruma types.
@@ -382,6 +385,17 @@ impl E2eeUser {
             .to_raw_any(),
         ];
         // The SDK also records the room in `m.direct` account data for an `is_direct` request.
+        let room = self.client.create_room(req).await.context("create room")?;
+        Ok(room.room_id().to_string())
+    }
+
+    /// A direct chat with `bot` without end-to-end encryption (as a client with encryption
+    /// turned off creates one); returns its id without waiting for the bot.
+    pub async fn create_unencrypted_dm(&self, bot: &str) -> Result<String> {
+        let mut req = CreateRoomRequest::new();
+        req.invite = vec![UserId::parse(bot)?];
+        req.is_direct = true;
+        req.preset = Some(RoomPreset::TrustedPrivateChat);
         let room = self.client.create_room(req).await.context("create room")?;
         Ok(room.room_id().to_string())
     }

@@ -119,7 +119,7 @@ pub struct Sender {
 }
 
 /// What the surface learned about an attachment while downloading it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachmentInfo {
     /// Name the user gave the file (after sanitizing).
     pub name: String,
@@ -127,6 +127,12 @@ pub struct AttachmentInfo {
     pub mime: String,
     /// Size in bytes.
     pub size: u64,
+    /// Play length of audio and video, in milliseconds, as the sender's message declared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// The sender's client recorded it as a voice message (MSC3245).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub voice: bool,
 }
 
 /// A turn.
@@ -299,6 +305,9 @@ pub struct SendFile {
     /// Text to post with the file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caption: Option<String>,
+    /// Post it as a voice message (OGG/Opus audio only; other files are sent as they are).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub voice: bool,
 }
 
 /// A tool call needs consent.

@@ -8,20 +8,24 @@
 //! here, with a bound.
 //!
 //! * [`download_to_inbox`]: authenticated download into a room's inbox, size-limited while
-//!   streaming, decrypted on the way when end-to-end encrypted, hashed, MIME-sniffed, committed
-//!   atomically.
+//!   streaming, decrypted (and hash-checked) on the way when end-to-end encrypted,
+//!   MIME-sniffed, committed atomically.
 //! * [`upload_file`] / [`upload_file_encrypted`]: streaming upload (encrypted on the way in
 //!   encrypted rooms), deduplicated by content hash and file version ([`UploadCache`]).
 //!
 //! Hashing, encryption, decryption and file I/O run on a blocking thread beside the network
 //! I/O (`pipe`).
 //! * [`prepare_file_message`]: confinement check, upload and the `m.image`/`m.video`/`m.audio`/
-//!   `m.file` content for a file the agent asked to send.
+//!   `m.file` content for a file the agent asked to send, looking as native as Element's own
+//!   (`look`: dimensions, durations, thumbnail and blurhash, voice messages; thumbnails are
+//!   uploaded by `small`).
 
 mod download;
 mod kind;
+mod look;
 mod message;
 mod pipe;
+mod small;
 mod upload;
 
 use std::time::Duration;
@@ -39,7 +43,7 @@ pub use download::{
     DownloadError, DownloadFailure, DownloadRequest, Downloaded, download_to_inbox,
 };
 pub use kind::MediaFields;
-pub use message::{SendFileError, SendFileFailure, prepare_file_message};
+pub use message::{Posting, SendFileError, SendFileFailure, prepare_file_message};
 pub use upload::{UploadCache, UploadError, upload_file, upload_file_encrypted};
 
 /// How long a transfer may go without receiving a single byte before it counts as stalled.

@@ -37,7 +37,7 @@ pub enum Kind {
 pub fn reconcile(declared: Option<&str>, head: &[u8], name: &str) -> String {
     let declared = declared.and_then(essence);
     if let Some(kind) = infer::get(head) {
-        let sniffed = kind.mime_type();
+        let sniffed = canonical(kind.mime_type());
         return match declared {
             Some(d) if is_generic_container(sniffed) && is_container_based(&d) => d,
             _ => sniffed.to_owned(),
@@ -59,7 +59,26 @@ pub fn reconcile(declared: Option<&str>, head: &[u8], name: &str) -> String {
 pub fn disagrees(declared: Option<&str>, decided: &str) -> bool {
     declared
         .and_then(essence)
-        .is_some_and(|d| d != OCTET_STREAM && !d.eq_ignore_ascii_case(decided))
+        .is_some_and(|d| d != OCTET_STREAM && canonical(&d) != canonical(decided))
+}
+
+/// The usual spelling of a type that goes by several names (what Element and browsers send),
+/// so aliases neither count as a mismatch nor reach a room in a spelling clients do not know.
+/// Ogg audio is `audio/ogg` whatever its codec: Element's voice messages are `audio/ogg`.
+pub fn canonical(mime: &str) -> &str {
+    match mime {
+        "audio/x-wav" | "audio/wave" | "audio/vnd.wave" | "audio/x-pn-wav" => "audio/wav",
+        "audio/opus" | "audio/x-opus+ogg" | "application/ogg" | "audio/x-ogg" => "audio/ogg",
+        "audio/mp3" | "audio/x-mp3" | "audio/mpeg3" | "audio/x-mpeg" => "audio/mpeg",
+        "audio/x-m4a" | "audio/m4a" | "audio/x-mp4" => "audio/mp4",
+        "audio/x-flac" => "audio/flac",
+        "audio/x-aac" | "audio/aacp" => "audio/aac",
+        "image/jpg" | "image/pjpeg" => "image/jpeg",
+        "image/x-png" => "image/png",
+        "image/vnd.microsoft.icon" => "image/x-icon",
+        "video/x-m4v" => "video/mp4",
+        other => other,
+    }
 }
 
 /// Width and height of an image from its first bytes, when the format is known.
@@ -197,6 +216,27 @@ mod tests {
         assert!(!disagrees(None, "image/png"));
         assert!(!disagrees(Some("garbage"), "image/png"));
         assert!(!disagrees(Some("application/octet-stream"), "text/plain"));
+        // Aliases (Element's spelling against the sniffer's) are not a disagreement.
+        for (declared, sniffed) in [
+            ("audio/wav", "audio/x-wav"),
+            ("audio/x-wav", "audio/wav"),
+            ("audio/ogg", "audio/opus"),
+            ("audio/ogg; codecs=opus", "audio/ogg"),
+            ("image/jpg", "image/jpeg"),
+            ("audio/mp3", "audio/mpeg"),
+        ] {
+            assert!(!disagrees(Some(declared), sniffed), "{declared} {sniffed}");
+        }
+        assert!(disagrees(Some("audio/ogg"), "audio/wav"));
+        assert!(disagrees(Some("video/ogg"), "audio/ogg"));
+    }
+
+    #[test]
+    fn sniffed_aliases_come_out_in_the_usual_spelling() {
+        const OGG_OPUS: &[u8] = b"OggS\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x13OpusHead\x01\x01";
+        const WAV: &[u8] = b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00";
+        assert_eq!(reconcile(None, OGG_OPUS, "memo.ogg"), "audio/ogg");
+        assert_eq!(reconcile(Some("audio/x-wav"), WAV, "a.wav"), "audio/wav");
     }
 
     #[test]

@@ -84,7 +84,7 @@ async fn post_outbox_file(ctx: &Ctx, item: OutboxItem) {
                 &ctx.workspace,
                 &item.path,
                 &scope,
-                None,
+                media::Posting::default(),
                 &ctx.upload_cache,
                 ctx.config.max_file_size,
             )

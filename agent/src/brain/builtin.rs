@@ -40,6 +40,7 @@ const HELP: &str = "I understand these commands:\n\
 - `files`: list this chat's files with sizes\n\
 - `read <path>`: show the start of a text file (a bare name is looked up in this chat's files)\n\
 - `send <path>`: send a file back (a bare name is looked up in this chat's files)\n\
+- `voice <path>`: send OGG/Opus audio back as a voice message\n\
 - `note <filename> <text>`: write <text> to a file in this chat's folder and send it\n\
 - `ask <question>`: ask you a question and echo your answer\n\
 - `approve <anything>`: try an action that needs your approval\n\
@@ -61,6 +62,8 @@ pub enum Command<'a> {
     Read(&'a str),
     /// `send <path>`
     Send(&'a str),
+    /// `voice <path>`: send OGG/Opus audio as a voice message.
+    Voice(&'a str),
     /// `sendraw <path>` (test hook)
     SendRaw(&'a str),
     /// `note <filename> <text>`
@@ -101,6 +104,7 @@ pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
         "files" => Command::Files,
         "read" if !rest.is_empty() => Command::Read(rest),
         "send" if !rest.is_empty() => Command::Send(rest),
+        "voice" if !rest.is_empty() => Command::Voice(rest),
         "sendraw" if test_hooks && !rest.is_empty() => Command::SendRaw(rest),
         "approve3" if test_hooks && !rest.is_empty() => Command::ApproveThrice(rest),
         "note" if !rest.is_empty() => match rest.split_once(char::is_whitespace) {
@@ -182,7 +186,11 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
         }
         Command::Send(target) => {
             let path = resolve(io, target).await;
-            send(io, &path).await
+            send(io, &path, false).await
+        }
+        Command::Voice(target) => {
+            let path = resolve(io, target).await;
+            send(io, &path, true).await
         }
         Command::SendRaw(target) => match WorkspacePath::new(target) {
             Ok(path) => {
@@ -196,7 +204,7 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             let args = json!({ "path": path, "content": body }).to_string();
             let wrote = io.call_tool("write_file", &args).await;
             if wrote.ok {
-                let sent = send(io, &path).await;
+                let sent = send(io, &path, false).await;
                 format!("Wrote {} ({} bytes). {sent}", file_label(&path), body.len())
             } else {
                 format!("I could not write {path}: {}", wrote.output)
@@ -310,8 +318,8 @@ async fn resolve(io: &mut TurnIo, target: &str) -> String {
         .unwrap_or(own)
 }
 
-async fn send(io: &mut TurnIo, path: &str) -> String {
-    let args = json!({ "path": path }).to_string();
+async fn send(io: &mut TurnIo, path: &str, voice: bool) -> String {
+    let args = json!({ "path": path, "voice": voice }).to_string();
     let out = io.call_tool("send_file", &args).await;
     if out.ok {
         format!("Sent {}.", file_label(path))
@@ -409,6 +417,8 @@ mod tests {
             ("send", Command::Other("send")),
             ("read notes.txt", Command::Read("notes.txt")),
             ("read", Command::Other("read")),
+            ("voice memo.ogg", Command::Voice("memo.ogg")),
+            ("voice", Command::Other("voice")),
             (
                 "sendraw chats/x/missing.txt",
                 Command::SendRaw("chats/x/missing.txt"),

@@ -184,6 +184,9 @@ pub struct SendFileArgs {
     /// Text posted with the file.
     #[serde(default)]
     pub caption: Option<String>,
+    /// Post OGG/Opus audio as a voice message (other files are sent as they are).
+    #[serde(default)]
+    pub voice: bool,
 }
 
 impl Tool for SendFileTool {
@@ -207,7 +210,7 @@ impl Tool for SendFileTool {
         .await?;
         let report = cx
             .link
-            .send_file(cx.turn, args.path.clone(), args.caption)
+            .send_file(cx.turn, args.path.clone(), args.caption, args.voice)
             .await
             .map_err(|_| ToolError::Disconnected)?;
         let text = match report {

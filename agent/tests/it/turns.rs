@@ -50,6 +50,7 @@ async fn attachments_are_described() {
             name: "pic.png".into(),
             mime: "image/png".into(),
             size: png.len() as u64,
+            ..Default::default()
         },
     );
     let t = c.turn(m).await;

@@ -17,6 +17,7 @@ mod large;
 mod late_keys;
 mod latency;
 mod layers;
+mod media_look;
 mod offline;
 mod outages;
 mod recovery;

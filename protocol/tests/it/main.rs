@@ -74,6 +74,7 @@ fn user_message_full_and_minimal() {
                     name: "cat.png".into(),
                     mime: "image/png".into(),
                     size: 42,
+                    ..Default::default()
                 },
             )]),
             context: vec![ContextMessage {
@@ -278,6 +279,7 @@ fn send_file() {
             request_id: "f1".into(),
             path: p("chats/c/a.txt"),
             caption: Some("here".into()),
+            voice: false,
         }),
     );
     assert!(

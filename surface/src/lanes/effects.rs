@@ -293,7 +293,10 @@ impl Lane {
             &ctx.workspace,
             &f.path,
             &scope,
-            f.caption.as_deref(),
+            media::Posting {
+                caption: f.caption.as_deref(),
+                voice: f.voice,
+            },
             &ctx.upload_cache,
             ctx.config.max_file_size,
         )

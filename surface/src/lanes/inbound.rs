@@ -99,11 +99,16 @@ impl Lane {
             text: caption.unwrap_or_default(),
             ..Prepared::default()
         };
+        // The sender's own account of play length and voice (MSC3245) travels with the file.
+        let duration_ms = file.look.duration.map(|d| d.as_millis() as u64);
+        let voice = file.look.voice.is_some();
         match self
             .download(ev, file.source, name, file.size, file.mimetype)
             .await
         {
-            Ok(d) => {
+            Ok(mut d) => {
+                d.info.duration_ms = duration_ms;
+                d.info.voice = voice;
                 prepared.attachments.push(d.path.clone());
                 prepared.info.insert(d.path, d.info);
             }

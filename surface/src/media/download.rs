@@ -8,7 +8,6 @@ use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
 use matrix_sdk_crypto::{AttachmentDecryptor, MediaEncryptionInfo};
 use protocol::{AttachmentInfo, WorkspacePath};
-use sha2::{Digest, Sha256};
 
 use super::{
     HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, pipe, quoted_name,
@@ -44,8 +43,6 @@ pub struct Downloaded {
     pub path: WorkspacePath,
     /// Name (sanitized), MIME type (sniffed / reconciled) and size.
     pub info: AttachmentInfo,
-    /// SHA-256 of the content, lowercase hex.
-    pub sha256: String,
 }
 
 /// A failed download: the sanitized name of the file and what went wrong.
@@ -139,9 +136,9 @@ impl DownloadError {
 /// The declared size is checked against `limit` before anything is fetched, the announced
 /// `Content-Length` before the body is read, and the running count while streaming (the
 /// download is aborted as soon as it exceeds `limit`). The content is written to a hidden
-/// temporary file, hashed and sniffed on the way, and renamed into place only when complete;
-/// on any failure nothing is left behind. 429 and 5xx answers and broken connections are
-/// retried a few times (starting over); 404 is final.
+/// temporary file, sniffed on the way (an encrypted file's ciphertext is hash-checked), and
+/// renamed into place only when complete; on any failure nothing is left behind. 429 and 5xx
+/// answers and broken connections are retried a few times (starting over); 404 is final.
 #[tracing::instrument(skip_all, fields(event_id = %req.event_id, room_id = %req.room_id))]
 pub async fn download_to_inbox(
     client: &Client,
@@ -232,8 +229,10 @@ async fn attempt(
         path: temp_label(req),
         source: e,
     };
-    // Decryption, hashing and writing run on a blocking thread (`sink`) while this task reads
-    // the network: two cores at work, memory bounded by the pipe's depth.
+    // Decryption (with its hash check) and writing run on a blocking thread (`sink`) while
+    // this task reads the network: two cores at work, memory bounded by the pipe's depth.
+    // A plain file is not hashed: nothing needs its hash, and on two cores shared with the
+    // homeserver every CPU second counts.
     let out = temp
         .file()
         .try_clone()
@@ -289,14 +288,13 @@ async fn attempt(
             name,
             mime,
             size: sunk.size,
+            ..AttachmentInfo::default()
         },
-        sha256: sunk.sha256,
     })
 }
 
 /// What the sink learned while writing.
 struct Sunk {
-    sha256: String,
     head: Vec<u8>,
     size: u64,
 }
@@ -314,7 +312,7 @@ const WRITE_BUFFER: usize = 256 * 1024;
 const WRITEBACK_EVERY: u64 = 8 * 1024 * 1024;
 
 /// The blocking end of a download: decrypts (when `encryption` is given; the ciphertext's hash
-/// is checked at the end), hashes, keeps the first bytes for sniffing, and writes to `out`.
+/// is checked at the end), keeps the first bytes for sniffing, and writes to `out`.
 fn sink(
     mut input: pipe::ChannelReader,
     encryption: Option<MediaEncryptionInfo>,
@@ -330,7 +328,6 @@ fn sink(
         None => Box::new(&mut input),
     };
     let mut out = io::BufWriter::with_capacity(WRITE_BUFFER, out);
-    let mut hasher = Sha256::new();
     let mut head = Vec::with_capacity(head_cap);
     let mut buf = vec![0u8; WRITE_BUFFER];
     let mut size = 0u64;
@@ -347,7 +344,6 @@ fn sink(
             break;
         }
         let chunk = &buf[..n];
-        hasher.update(chunk);
         if head.len() < head_cap {
             let take = (head_cap - head.len()).min(n);
             head.extend_from_slice(&chunk[..take]);
@@ -361,11 +357,7 @@ fn sink(
         }
     }
     out.flush().map_err(SinkError::Write)?;
-    Ok(Sunk {
-        sha256: hex::encode(hasher.finalize()),
-        head,
-        size,
-    })
+    Ok(Sunk { head, size })
 }
 
 /// Starts writing `len` bytes at `offset` of `file` to the disk without waiting (Linux starts
@@ -430,7 +422,7 @@ mod tests {
     ];
 
     #[tokio::test]
-    async fn downloads_hashes_and_sniffs() {
+    async fn downloads_and_sniffs() {
         let server = TestServer::start().await;
         server.put_media("png1", Reply::Body(PNG.to_vec()));
         let (tmp, ws) = workspace();
@@ -440,7 +432,6 @@ mod tests {
         assert_eq!(d.info.mime, "image/png");
         assert_eq!(d.info.size, PNG.len() as u64);
         assert_eq!(d.info.name, "picture.txt");
-        assert_eq!(d.sha256, hex::encode(Sha256::digest(PNG)));
         assert_eq!(
             std::fs::read(d.path.to_path_under(tmp.path())).unwrap(),
             PNG
@@ -576,7 +567,6 @@ mod tests {
             std::fs::read(d.path.to_path_under(tmp.path())).unwrap(),
             plain
         );
-        assert_eq!(d.sha256, hex::encode(Sha256::digest(&plain)));
         assert_eq!(d.info.mime, "image/png");
     }
 

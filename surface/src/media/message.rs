@@ -10,7 +10,8 @@ use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use protocol::WorkspacePath;
 use tokio::io::AsyncReadExt;
 
-use super::kind::MediaFields;
+use super::kind::{Look, MediaFields};
+use super::look;
 use super::upload::{upload_encrypted_with, upload_with};
 use super::{MediaApi, UploadCache, UploadError, quoted_name};
 use crate::mime::{self, HEAD_BYTES};
@@ -73,10 +74,19 @@ impl SendFileError {
     }
 }
 
+/// How the agent asked for a file to be posted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Posting<'a> {
+    /// Text posted with the file.
+    pub caption: Option<&'a str>,
+    /// As a voice message (OGG/Opus audio only).
+    pub voice: bool,
+}
+
 /// Opens `path` for `scope` (see [`Workspace::open_for_upload`]), uploads it (deduplicated by
-/// content, see [`super::upload_file`]) and builds the message: `m.image` (with width and
-/// height when the header tells), `m.video`, `m.audio` or `m.file` by sniffed MIME type, with
-/// `filename`, `mimetype` and `size`. With a `caption`, `body` is the caption (Matrix media
+/// content, see [`super::upload_file`]) and builds the message: `m.image`, `m.video`,
+/// `m.audio` or `m.file` by sniffed MIME type, with `filename`, `mimetype`, `size` and what
+/// makes it look native ([`super::look`]: dimensions, duration, thumbnail, blurhash, voice). With a `caption`, `body` is the caption (Matrix media
 /// caption rules); otherwise `body` is the file name. In an end-to-end encrypted room (or one
 /// whose state cannot be determined) the file is encrypted before upload and the content
 /// carries its key (the event itself is encrypted by the SDK when sent).
@@ -88,7 +98,7 @@ pub async fn prepare_file_message(
     ws: &Workspace,
     path: &WorkspacePath,
     scope: &ChatScope,
-    caption: Option<&str>,
+    posting: Posting<'_>,
     cache: &UploadCache,
     limit: u64,
 ) -> Result<RoomMessageEventContent, SendFileError> {
@@ -100,7 +110,7 @@ pub async fn prepare_file_message(
     // The surface's scopes always name their room; without one there is no room to post to,
     // like an invalid room id.
     let encrypt = room_is_encrypted(client, scope.room_id().unwrap_or_default()).await;
-    prepare_with(&api, ws, path, scope, caption, cache, limit, encrypt)
+    prepare_with(&api, ws, path, scope, posting, cache, limit, encrypt)
         .await
         .map_err(fail)
 }
@@ -129,7 +139,7 @@ pub(super) async fn prepare_with(
     ws: &Workspace,
     path: &WorkspacePath,
     scope: &ChatScope,
-    caption: Option<&str>,
+    posting: Posting<'_>,
     cache: &UploadCache,
     limit: u64,
     encrypt: bool,
@@ -137,19 +147,30 @@ pub(super) async fn prepare_with(
     let opened = ws.open_for_upload(path, scope, limit)?;
     let head = read_head(&opened).await.map_err(SendFileFailure::Read)?;
     let mime = mime::reconcile(None, &head, &opened.name);
-    let source = if encrypt {
-        MediaSource::Encrypted(Box::new(upload_encrypted_with(api, &opened, cache).await?))
-    } else {
-        MediaSource::Plain(upload_with(api, &opened, &mime, cache).await?)
+    let upload = async {
+        Ok::<_, SendFileFailure>(if encrypt {
+            MediaSource::Encrypted(Box::new(upload_encrypted_with(api, &opened, cache).await?))
+        } else {
+            MediaSource::Plain(upload_with(api, &opened, &mime, cache).await?)
+        })
     };
-    let dims = mime::image_size(&head);
+    // The file's details (and thumbnail) are worked out while it uploads.
+    let (source, mut look) = tokio::join!(
+        upload,
+        look::look(api, &opened, &mime, posting.voice, encrypt, cache)
+    );
+    let source = source?;
+    if look.dims.is_none() && !look.as_file && mime::msgtype_for(&mime) == mime::Kind::Image {
+        // Not decodable, but the header may still tell the size.
+        look.dims = mime::image_size(&head);
+    }
     Ok(build_content(
         &opened.name,
-        caption,
+        posting.caption,
         source,
         &mime,
         opened.size,
-        dims,
+        look,
     ))
 }
 
@@ -171,10 +192,10 @@ fn build_content(
     source: MediaSource,
     mime: &str,
     size: u64,
-    dims: Option<(u32, u32)>,
+    look: Look,
 ) -> RoomMessageEventContent {
     RoomMessageEventContent::new(
-        MediaFields::outgoing(name, caption, source, mime, size, dims).into_message(),
+        MediaFields::outgoing(name, caption, source, mime, size, look).into_message(),
     )
 }
 
@@ -187,9 +208,13 @@ mod tests {
     use super::*;
     use crate::media::test_server::TestServer;
 
+    /// A whole 3x2 RGB PNG.
     const PNG: &[u8] = &[
         0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44,
-        0x52, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x02, 0x08, 0x06, 0x00, 0x00, 0x00, 0x9D,
+        0x52, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0x12,
+        0x16, 0xF1, 0x4D, 0x00, 0x00, 0x00, 0x10, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8,
+        0xCF, 0xC0, 0x00, 0x41, 0x0C, 0x70, 0x16, 0x00, 0x41, 0xD2, 0x05, 0xFB, 0x87, 0xF0, 0xB9,
+        0x48, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
     ];
 
     fn json_of(c: &RoomMessageEventContent) -> serde_json::Value {
@@ -199,7 +224,17 @@ mod tests {
     #[test]
     fn content_by_kind() {
         let mxc = MediaSource::Plain(owned_mxc_uri!("mxc://example.org/m"));
-        let img = build_content("p.png", None, mxc.clone(), "image/png", 30, Some((3, 2)));
+        let img = build_content(
+            "p.png",
+            None,
+            mxc.clone(),
+            "image/png",
+            30,
+            Look {
+                dims: Some((3, 2)),
+                ..Look::default()
+            },
+        );
         assert_eq!(
             json_of(&img),
             json!({"msgtype": "m.image", "body": "p.png", "filename": "p.png",
@@ -212,7 +247,7 @@ mod tests {
             mxc.clone(),
             "application/pdf",
             9,
-            None,
+            Look::default(),
         );
         assert_eq!(
             json_of(&file),
@@ -226,7 +261,7 @@ mod tests {
             mxc.clone(),
             "video/mp4",
             1,
-            None,
+            Look::default(),
         ));
         assert_eq!(v["msgtype"], "m.video");
         let a = json_of(&build_content(
@@ -235,7 +270,7 @@ mod tests {
             mxc,
             "audio/ogg",
             1,
-            None,
+            Look::default(),
         ));
         assert_eq!(a["msgtype"], "m.audio");
         assert_eq!(a["body"], "a.ogg");
@@ -252,9 +287,18 @@ mod tests {
         std::fs::write(tmp.path().join("chats/c1/pic.bin"), PNG).unwrap();
         let cache = UploadCache::in_memory();
         let path = WorkspacePath::new("chats/c1/pic.bin").unwrap();
-        let content = prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000, false)
-            .await
-            .unwrap();
+        let content = prepare_with(
+            &server.api(),
+            &ws,
+            &path,
+            &scope,
+            Posting::default(),
+            &cache,
+            1000,
+            false,
+        )
+        .await
+        .unwrap();
         let j = json_of(&content);
         assert_eq!(j["msgtype"], "m.image");
         assert_eq!(j["info"]["mimetype"], "image/png");
@@ -263,10 +307,18 @@ mod tests {
 
         for rel in ["chats/c1/missing.txt", "chats/other/pic.bin"] {
             let path = WorkspacePath::new(rel).unwrap();
-            let failure =
-                prepare_with(&server.api(), &ws, &path, &scope, None, &cache, 1000, false)
-                    .await
-                    .unwrap_err();
+            let failure = prepare_with(
+                &server.api(),
+                &ws,
+                &path,
+                &scope,
+                Posting::default(),
+                &cache,
+                1000,
+                false,
+            )
+            .await
+            .unwrap_err();
             let err = SendFileError {
                 name: path.file_name().to_owned(),
                 failure,
@@ -286,7 +338,10 @@ mod tests {
             &ws,
             &path,
             &scope,
-            Some("look"),
+            Posting {
+                caption: Some("look"),
+                voice: false,
+            },
             &cache,
             1000,
             true,

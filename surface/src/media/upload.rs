@@ -414,7 +414,7 @@ async fn attempt_encrypted(
 }
 
 /// Posts a streamed body of `len` bytes to the media upload endpoint; returns the URI.
-async fn post_stream(
+pub(super) async fn post_stream(
     api: &MediaApi,
     url: url::Url,
     mime: &str,

@@ -1,0 +1,27 @@
+//! Why a file's facts could not be read at all.
+
+use std::io;
+
+/// A failure to read facts from a file.
+///
+/// Most problems with a file's content are not errors: [`crate::image`] reports them as
+/// [`crate::Skipped`], and [`crate::video`] and [`crate::audio`] leave the facts they could not
+/// find as `None`. An error means the reader failed, or the file is not the kind it was said to be.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MediaError {
+    /// Reading or seeking the underlying reader failed.
+    #[error("could not read the file: {0}")]
+    Io(#[from] io::Error),
+    /// The bytes are not a file of the expected kind, or are damaged beyond use.
+    #[error("malformed file: {0}")]
+    Malformed(String),
+}
+
+impl MediaError {
+    /// True when the reader itself failed, rather than the file's content being bad: the caller
+    /// may want to log it differently, since the same file could work on another try.
+    pub fn is_io(&self) -> bool {
+        matches!(self, MediaError::Io(_))
+    }
+}
