@@ -18,6 +18,8 @@ step() { printf '\n=== %s (%ss)\n' "$*" "$SECONDS"; }
 step "tools"
 need_apt=()
 command -v curl >/dev/null || need_apt+=(curl)
+# Video posters: the surface uses ffmpeg when there is one, and the media test expects it.
+command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -32,6 +32,23 @@ pub struct FileDescription {
     pub dimensions: Option<(usize, usize)>,
     /// First lines, for text files.
     pub preview: Option<Vec<String>>,
+    /// What the sender's message said about playing it (voice message, duration); empty when
+    /// it said nothing. See [`media_note`].
+    pub media_note: Option<String>,
+}
+
+/// How a sender's message presented an audio or video file, in a few words: "voice message,
+/// 3.0 s" (the surface passes on what the message declared; the agent does not decode media).
+pub fn media_note(info: &protocol::AttachmentInfo) -> Option<String> {
+    let length = info
+        .duration_ms
+        .map(|ms| format!("{}.{} s", ms / 1000, (ms % 1000) / 100));
+    match (info.voice, length) {
+        (true, Some(l)) => Some(format!("voice message, {l}")),
+        (true, None) => Some("voice message".to_owned()),
+        (false, Some(l)) => Some(format!("plays {l}")),
+        (false, None) => None,
+    }
 }
 
 impl fmt::Display for FileDescription {
@@ -62,6 +79,9 @@ impl FileDescription {
         writeln!(f, "- sha256 {}", self.sha256)?;
         if let Some((w, h)) = self.dimensions {
             writeln!(f, "- image {w}x{h}")?;
+        }
+        if let Some(note) = &self.media_note {
+            writeln!(f, "- {note}")?;
         }
         if let Some(lines) = &self.preview {
             writeln!(f, "- first lines:")?;
@@ -113,6 +133,7 @@ pub fn describe(
         sha256: hex::encode(hasher.finalize()),
         dimensions,
         preview,
+        media_note: None,
     })
 }
 
@@ -180,6 +201,24 @@ pub fn display_name(file_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn media_notes() {
+        let info = |voice, duration_ms| protocol::AttachmentInfo {
+            voice,
+            duration_ms,
+            ..Default::default()
+        };
+        let cases = [
+            (info(true, Some(3_040)), Some("voice message, 3.0 s")),
+            (info(true, None), Some("voice message")),
+            (info(false, Some(61_990)), Some("plays 61.9 s")),
+            (info(false, None), None),
+        ];
+        for (i, want) in cases {
+            assert_eq!(media_note(&i).as_deref(), want, "{i:?}");
+        }
+    }
 
     #[test]
     fn names() {

@@ -462,6 +462,30 @@ impl E2eeUser {
         Ok(resp.event_id.to_string())
     }
 
+    /// Sends OGG/Opus `bytes` as a voice message, as Element records one (`m.audio` with the
+    /// MSC3245 voice flag, duration and a waveform); returns the event id.
+    pub async fn send_voice(
+        &self,
+        room: &str,
+        filename: &str,
+        bytes: Vec<u8>,
+        duration: Duration,
+    ) -> Result<String> {
+        let r = self.room(room)?;
+        let info = matrix_sdk::attachment::BaseAudioInfo {
+            duration: Some(duration),
+            size: UInt::new(bytes.len() as u64),
+            waveform: Some(vec![0.1, 0.5, 0.9, 0.5, 0.1]),
+        };
+        let config =
+            AttachmentConfig::new().info(matrix_sdk::attachment::AttachmentInfo::Voice(info));
+        let resp = r
+            .send_attachment(filename, &"audio/ogg".parse()?, bytes, config)
+            .await
+            .with_context(|| format!("send {filename} to {room}"))?;
+        Ok(resp.event_id.to_string())
+    }
+
     /// Every message this client has seen in `room` from `sender`, decrypted, in timeline
     /// order. Events still undecryptable are tried again first (their key may have arrived
     /// since), and left out while they stay undecryptable.

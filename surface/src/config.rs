@@ -2,7 +2,7 @@
 //! before anything logs in or binds.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use matrix_sdk::ruma::{OwnedDeviceId, OwnedUserId};
@@ -55,6 +55,9 @@ pub struct Config {
     pub max_bot_turns: u32,
     /// `SURFACE_MAX_FILE_SIZE`: largest file downloaded or uploaded, in bytes.
     pub max_file_size: u64,
+    /// `SURFACE_FFMPEG`: the `ffmpeg` that makes poster thumbnails for videos the agent sends
+    /// (`off`: none; unset: `ffmpeg` on `PATH`, if there is one).
+    pub ffmpeg: Option<PathBuf>,
     /// `SURFACE_SHOW_TOOL_CALLS`: post compact notices for tool calls.
     pub show_tool_calls: bool,
     /// `SURFACE_HEALTH_BIND`: address of the `/healthz` endpoint. Loopback unless set: a
@@ -229,6 +232,25 @@ impl Config {
             return Err(invalid("SURFACE_MAX_FILE_SIZE", "must be greater than 0"));
         }
 
+        let ffmpeg = match get("SURFACE_FFMPEG").as_deref() {
+            Some("off") => None,
+            Some(path) => {
+                let path = PathBuf::from(path);
+                if !is_executable(&path) {
+                    return Err(invalid(
+                        "SURFACE_FFMPEG",
+                        "not an executable file (or `off`)",
+                    ));
+                }
+                Some(path)
+            }
+            None => get("PATH").and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("ffmpeg"))
+                    .find(|f| is_executable(f))
+            }),
+        };
+
         let show_tool_calls = match get("SURFACE_SHOW_TOOL_CALLS").as_deref() {
             None => false,
             Some(v) => parse_bool(v)
@@ -298,6 +320,7 @@ impl Config {
             bot_users,
             max_bot_turns,
             max_file_size,
+            ffmpeg,
             show_tool_calls,
             health_bind,
             inbox_retention,
@@ -370,6 +393,12 @@ fn parse_bool(v: &str) -> Option<bool> {
         "0" | "false" | "no" | "off" => Some(false),
         _ => None,
     }
+}
+
+/// Whether `path` is a file someone may execute.
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 #[cfg(test)]
@@ -566,5 +595,28 @@ mod tests {
         assert!(c.is_allowed("@alice:other.org"));
         assert!(c.is_allowed("@bob:example.org"));
         assert!(!c.is_allowed("@carol:example.org"));
+    }
+
+    #[test]
+    fn ffmpeg_is_found_on_the_path_unless_off_and_must_be_executable() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("ffmpeg");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        let plain = dir.path().join("not-executable");
+        std::fs::write(&plain, "").unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut env = base();
+        assert_eq!(load(&env).unwrap().ffmpeg, None, "no PATH, no ffmpeg");
+        env.insert("PATH", format!("/nonexistent:{}", dir.path().display()));
+        assert_eq!(load(&env).unwrap().ffmpeg, Some(exe.clone()));
+        env.insert("SURFACE_FFMPEG", "off".to_owned());
+        assert_eq!(load(&env).unwrap().ffmpeg, None);
+        env.insert("SURFACE_FFMPEG", plain.display().to_string());
+        assert!(load(&env).is_err());
+        env.insert("SURFACE_FFMPEG", exe.display().to_string());
+        assert_eq!(load(&env).unwrap().ffmpeg, Some(exe));
     }
 }

@@ -25,6 +25,7 @@ mod kind;
 mod look;
 mod message;
 mod pipe;
+mod poster;
 mod small;
 mod upload;
 
@@ -43,7 +44,7 @@ pub use download::{
     DownloadError, DownloadFailure, DownloadRequest, Downloaded, download_to_inbox,
 };
 pub use kind::MediaFields;
-pub use message::{Posting, SendFileError, SendFileFailure, prepare_file_message};
+pub use message::{Outbound, Posting, SendFileError, SendFileFailure, prepare_file_message};
 pub use upload::{UploadCache, UploadError, upload_file, upload_file_encrypted};
 
 /// How long a transfer may go without receiving a single byte before it counts as stalled.

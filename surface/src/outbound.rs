@@ -85,8 +85,11 @@ async fn post_outbox_file(ctx: &Ctx, item: OutboxItem) {
                 &item.path,
                 &scope,
                 media::Posting::default(),
-                &ctx.upload_cache,
-                ctx.config.max_file_size,
+                &media::Outbound {
+                    cache: &ctx.upload_cache,
+                    limit: ctx.config.max_file_size,
+                    ffmpeg: ctx.config.ffmpeg.as_deref(),
+                },
             )
             .await;
             match content {

@@ -150,6 +150,12 @@ impl OpenedFile {
         Ok(tokio::fs::File::from_std(f))
     }
 
+    /// Another handle on the same open file, to hand to a child process (which reopens it
+    /// through `/dev/stdin` for a position of its own).
+    pub fn handle(&self) -> io::Result<std::fs::File> {
+        self.file.try_clone()
+    }
+
     /// A blocking reader from the start of the same open file with a position of its own
     /// (positional reads), so several can read at once: an upload and the thumbnailer.
     pub fn std_reader(&self) -> io::Result<PositionedReader> {

@@ -153,6 +153,7 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             Ok(mut d) => {
                 if let Some(info) = turn.attachment_info.get(*path) {
                     d.name = info.name.clone();
+                    d.media_note = crate::describe::media_note(info);
                 }
                 d.for_people()
             }

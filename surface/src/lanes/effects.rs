@@ -297,8 +297,11 @@ impl Lane {
                 caption: f.caption.as_deref(),
                 voice: f.voice,
             },
-            &ctx.upload_cache,
-            ctx.config.max_file_size,
+            &media::Outbound {
+                cache: &ctx.upload_cache,
+                limit: ctx.config.max_file_size,
+                ffmpeg: ctx.config.ffmpeg.as_deref(),
+            },
         )
         .await;
         let delivery = match result {

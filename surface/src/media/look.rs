@@ -4,13 +4,14 @@
 //! out is left out, and the file is sent anyway.
 
 use std::io::{self, BufReader};
+use std::path::Path;
 
 use bytes::Bytes;
 use mediainfo::{AudioFacts, ImageFacts, Limits, Skipped, VideoFacts};
 use tracing::{info, warn};
 
 use super::kind::{Look, Thumb};
-use super::{MediaApi, UploadCache, small};
+use super::{MediaApi, UploadCache, poster, small};
 use crate::mime::{self, Kind};
 use crate::workspace::OpenedFile;
 
@@ -19,8 +20,8 @@ use crate::workspace::OpenedFile;
 pub enum Facts {
     /// An image, maybe with a thumbnail to upload.
     Image(ImageFacts),
-    /// A video.
-    Video(VideoFacts),
+    /// A video, and its poster (first frame) when a decoder made one.
+    Video(VideoFacts, Option<ImageFacts>),
     /// Audio.
     Audio(AudioFacts),
     /// Nothing to read (a plain file) or nothing could be read.
@@ -61,9 +62,15 @@ pub fn decide(facts: Facts, voice: bool) -> Decided {
                 .thumbnail
                 .map(|t| (Bytes::from(t.bytes), t.mime, (t.width, t.height)));
         }
-        Facts::Video(f) => {
+        Facts::Video(f, poster) => {
             decided.look.dims = f.width.zip(f.height).filter(|(w, h)| *w > 0 && *h > 0);
             decided.look.duration = f.duration;
+            if let Some(p) = poster {
+                decided.look.blurhash = p.blurhash;
+                decided.thumbnail = p
+                    .thumbnail
+                    .map(|t| (Bytes::from(t.bytes), t.mime, (t.width, t.height)));
+            }
         }
         Facts::Audio(f) => {
             decided.look.duration = f.duration;
@@ -98,7 +105,7 @@ async fn read_facts(opened: &OpenedFile, mime: &str) -> io::Result<Facts> {
         let reader = BufReader::new(file);
         let facts = match kind {
             Kind::Image => Facts::Image(mediainfo::image(reader, size, &Limits::default())?),
-            Kind::Video => Facts::Video(mediainfo::video(reader, size)?),
+            Kind::Video => Facts::Video(mediainfo::video(reader, size)?, None),
             Kind::Audio => Facts::Audio(mediainfo::audio(reader, &mime, size)?),
             Kind::File => Facts::None,
         };
@@ -118,14 +125,21 @@ pub async fn look(
     voice: bool,
     encrypt: bool,
     cache: &UploadCache,
+    ffmpeg: Option<&Path>,
 ) -> Look {
-    let facts = match read_facts(opened, mime).await {
+    let mut facts = match read_facts(opened, mime).await {
         Ok(f) => f,
         Err(e) => {
             warn!(path = %opened.path, mime, error = %e, "could not read the media's details; sending it without them");
             Facts::None
         }
     };
+    if let (Facts::Video(_, poster), Some(ffmpeg)) = (&mut facts, ffmpeg) {
+        match poster::first_frame(ffmpeg, opened).await {
+            Ok(p) => *poster = Some(p),
+            Err(e) => info!(path = %opened.path, error = %e, "no poster for this video"),
+        }
+    }
     if let Facts::Image(ImageFacts {
         skipped: Some(why), ..
     }) = &facts
@@ -221,24 +235,39 @@ mod tests {
         }
 
         let d = decide(
-            Facts::Video(VideoFacts {
-                width: Some(320),
-                height: Some(240),
-                duration: Some(Duration::from_secs(2)),
-            }),
+            Facts::Video(
+                VideoFacts {
+                    width: Some(320),
+                    height: Some(240),
+                    duration: Some(Duration::from_secs(2)),
+                },
+                Some(image(true)),
+            ),
             false,
         );
-        assert_eq!(d.look.dims, Some((320, 240)));
+        assert_eq!(
+            d.look.dims,
+            Some((320, 240)),
+            "the video's size, not the poster's"
+        );
         assert_eq!(d.look.duration, Some(Duration::from_secs(2)));
+        assert!(
+            d.look.blurhash.is_some() && d.thumbnail.is_some(),
+            "the poster"
+        );
         let d = decide(
-            Facts::Video(VideoFacts {
-                width: Some(0),
-                height: Some(240),
-                duration: None,
-            }),
+            Facts::Video(
+                VideoFacts {
+                    width: Some(0),
+                    height: Some(240),
+                    duration: None,
+                },
+                None,
+            ),
             false,
         );
         assert_eq!(d.look.dims, None, "a zero dimension is no dimension");
+        assert!(d.thumbnail.is_none());
 
         let d = decide(Facts::Audio(audio(true)), true);
         assert_eq!(d.look.voice, Some(vec![0, 100, 1024]));

@@ -74,6 +74,17 @@ impl SendFileError {
     }
 }
 
+/// What every outbound file shares: the upload cache, the size limit, the video decoder.
+#[derive(Debug, Clone, Copy)]
+pub struct Outbound<'a> {
+    /// Where uploads are remembered.
+    pub cache: &'a UploadCache,
+    /// Largest file sent, in bytes.
+    pub limit: u64,
+    /// `ffmpeg`, for video posters.
+    pub ffmpeg: Option<&'a std::path::Path>,
+}
+
 /// How the agent asked for a file to be posted.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Posting<'a> {
@@ -99,8 +110,7 @@ pub async fn prepare_file_message(
     path: &WorkspacePath,
     scope: &ChatScope,
     posting: Posting<'_>,
-    cache: &UploadCache,
-    limit: u64,
+    out: &Outbound<'_>,
 ) -> Result<RoomMessageEventContent, SendFileError> {
     let fail = |failure| SendFileError {
         name: path.file_name().to_owned(),
@@ -110,7 +120,7 @@ pub async fn prepare_file_message(
     // The surface's scopes always name their room; without one there is no room to post to,
     // like an invalid room id.
     let encrypt = room_is_encrypted(client, scope.room_id().unwrap_or_default()).await;
-    prepare_with(&api, ws, path, scope, posting, cache, limit, encrypt)
+    prepare_with(&api, ws, path, scope, posting, out, encrypt)
         .await
         .map_err(fail)
 }
@@ -140,11 +150,11 @@ pub(super) async fn prepare_with(
     path: &WorkspacePath,
     scope: &ChatScope,
     posting: Posting<'_>,
-    cache: &UploadCache,
-    limit: u64,
+    out: &Outbound<'_>,
     encrypt: bool,
 ) -> Result<RoomMessageEventContent, SendFileFailure> {
-    let opened = ws.open_for_upload(path, scope, limit)?;
+    let cache = out.cache;
+    let opened = ws.open_for_upload(path, scope, out.limit)?;
     let head = read_head(&opened).await.map_err(SendFileFailure::Read)?;
     let mime = mime::reconcile(None, &head, &opened.name);
     let upload = async {
@@ -157,7 +167,15 @@ pub(super) async fn prepare_with(
     // The file's details (and thumbnail) are worked out while it uploads.
     let (source, mut look) = tokio::join!(
         upload,
-        look::look(api, &opened, &mime, posting.voice, encrypt, cache)
+        look::look(
+            api,
+            &opened,
+            &mime,
+            posting.voice,
+            encrypt,
+            cache,
+            out.ffmpeg
+        )
     );
     let source = source?;
     if look.dims.is_none() && !look.as_file && mime::msgtype_for(&mime) == mime::Kind::Image {
@@ -216,6 +234,14 @@ mod tests {
         0xCF, 0xC0, 0x00, 0x41, 0x0C, 0x70, 0x16, 0x00, 0x41, 0xD2, 0x05, 0xFB, 0x87, 0xF0, 0xB9,
         0x48, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
     ];
+
+    fn out(cache: &UploadCache) -> Outbound<'_> {
+        Outbound {
+            cache,
+            limit: 1000,
+            ffmpeg: None,
+        }
+    }
 
     fn json_of(c: &RoomMessageEventContent) -> serde_json::Value {
         serde_json::to_value(c).unwrap()
@@ -293,8 +319,7 @@ mod tests {
             &path,
             &scope,
             Posting::default(),
-            &cache,
-            1000,
+            &out(&cache),
             false,
         )
         .await
@@ -313,8 +338,7 @@ mod tests {
                 &path,
                 &scope,
                 Posting::default(),
-                &cache,
-                1000,
+                &out(&cache),
                 false,
             )
             .await
@@ -342,8 +366,7 @@ mod tests {
                 caption: Some("look"),
                 voice: false,
             },
-            &cache,
-            1000,
+            &out(&cache),
             true,
         )
         .await

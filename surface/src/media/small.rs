@@ -57,3 +57,46 @@ pub(super) async fn upload_bytes(
     }
     Ok(MediaSource::Encrypted(Box::new(file)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::test_server::TestServer;
+
+    #[tokio::test]
+    async fn the_same_thumbnail_is_uploaded_once_per_kind_of_room() {
+        let server = TestServer::start().await;
+        let cache = UploadCache::in_memory();
+        let api = server.api();
+        let thumb = Bytes::from_static(b"\xff\xd8\xff a tiny jpeg");
+        let up = |bytes: &Bytes, encrypt| {
+            upload_bytes(&api, bytes.clone(), "image/jpeg", encrypt, &cache)
+        };
+        let first = up(&thumb, false).await.unwrap();
+        let again = up(&thumb, false).await.unwrap();
+        assert_eq!(
+            serde_json::to_value(&first).unwrap(),
+            serde_json::to_value(&again).unwrap()
+        );
+        assert_eq!(server.uploads().len(), 1);
+        assert_eq!(server.uploads()[0].bytes, &thumb[..]);
+
+        let sealed = up(&thumb, true).await.unwrap();
+        let MediaSource::Encrypted(file) = &sealed else {
+            panic!("an encrypted room gets thumbnail_file: {sealed:?}");
+        };
+        assert_eq!(server.uploads().len(), 2);
+        assert_ne!(server.uploads()[1].bytes, &thumb[..], "ciphertext only");
+        let resealed = up(&thumb, true).await.unwrap();
+        let MediaSource::Encrypted(again) = &resealed else {
+            panic!("{resealed:?}");
+        };
+        assert_eq!(again.url, file.url, "the cached key and upload are reused");
+        assert_eq!(server.uploads().len(), 2);
+
+        up(&Bytes::from_static(b"another picture"), false)
+            .await
+            .unwrap();
+        assert_eq!(server.uploads().len(), 3);
+    }
+}

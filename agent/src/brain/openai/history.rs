@@ -46,8 +46,11 @@ pub fn user_content(turn: &TurnRecord) -> String {
     for a in &turn.attachments {
         content.push_str(&format!("\nattachment: {a}"));
         if let Some(info) = turn.attachment_info.get(a) {
+            let note = crate::describe::media_note(info)
+                .map(|n| format!(", {n}"))
+                .unwrap_or_default();
             content.push_str(&format!(
-                " (name {}, {}, {} bytes)",
+                " (name {}, {}, {} bytes{note})",
                 info.name, info.mime, info.size
             ));
         }
