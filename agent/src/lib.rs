@@ -31,6 +31,7 @@ pub mod connection;
 pub mod describe;
 pub mod link;
 pub mod memory;
+pub mod metrics;
 pub mod server;
 pub mod session;
 pub mod state;

@@ -19,10 +19,17 @@ const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
 
 #[tokio::main]
 async fn main() {
+    // `LOG_FORMAT=json`: one JSON object per line, for log collectors.
+    let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
     tracing_subscriber::registry()
         .with(redact::Redact::new(OWN_CRATES))
         .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal()))
+        .with(json.then(|| tracing_subscriber::fmt::layer().json()))
+        .with(
+            (!json).then(|| {
+                tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal())
+            }),
+        )
         .init();
     if let Err(e) = serve().await {
         // One line naming the bad setting; no backtrace noise.

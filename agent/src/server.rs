@@ -28,7 +28,7 @@ use tracing::{debug, info, instrument, warn};
 
 use self::gate::{Gate, Pending};
 
-use crate::config::Config;
+use crate::config::{BrainConfig, Config};
 use crate::session;
 use crate::state::{AppState, StateError};
 
@@ -53,12 +53,42 @@ pub enum RunError {
     Serve(#[from] std::io::Error),
 }
 
-/// The routes: `GET /healthz` and `GET /v1/agent_ws/{chat_id}/`.
+/// The routes: `GET /healthz`, `GET /metrics` and `GET /v1/agent_ws/{chat_id}/`.
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .route("/v1/agent_ws/{chat_id}/", get(agent_ws))
         .with_state(state)
+}
+
+/// `url` without any `user:password@` part (a base URL may carry credentials).
+fn without_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host_start = rest.find('@').filter(|at| !rest[..*at].contains('/'));
+            format!(
+                "{scheme}://{}",
+                host_start.map_or(rest, |at| &rest[at + 1..])
+            )
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// The Prometheus text exposition of this process's metrics.
+async fn metrics(State(state): State<AppState>) -> Response {
+    match &state.metrics {
+        Some(handle) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// Serves on `listener` until `shutdown` fires, then closes every connection and returns.
@@ -71,8 +101,20 @@ pub async fn run(
     let limits = config.limits.clone();
     let state = AppState::new(config, shutdown.clone(), tracker.clone())?;
     let gate = Gate::new(limits.max_pending, limits.max_pending_per_ip);
+    let (brain, model, model_server) = match &state.config.brain {
+        BrainConfig::Builtin => ("builtin", String::new(), String::new()),
+        BrainConfig::OpenAi(o) => ("openai", o.model.clone(), without_userinfo(&o.base_url)),
+    };
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        addr = %listener.local_addr()?,
+        brain,
+        model,
+        model_server,
+        workspace = %state.config.workspace_root.display(),
+        "agent started"
+    );
     let router = app(state);
-    info!(addr = %listener.local_addr()?, "listening");
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -226,6 +268,20 @@ mod tests {
     use axum::http::HeaderValue;
 
     use super::*;
+
+    #[test]
+    fn model_server_urls_lose_their_credentials() {
+        for (url, shown) in [
+            ("http://127.0.0.1:11434/v1", "http://127.0.0.1:11434/v1"),
+            (
+                "https://user:secret@api.example/v1",
+                "https://api.example/v1",
+            ),
+            ("http://host/v1/a@b", "http://host/v1/a@b"),
+        ] {
+            assert_eq!(without_userinfo(url), shown);
+        }
+    }
 
     #[test]
     fn bearer_checks() {

@@ -33,6 +33,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Tracks connection and turn tasks, so shutdown can wait for them.
     pub tracker: TaskTracker,
+    /// Renders `/metrics` (`None` when another agent in this process installed the recorder).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 /// The workspace or the state directory cannot be used.
@@ -79,6 +81,7 @@ impl AppState {
             brain,
             shutdown,
             tracker,
+            metrics: crate::metrics::install(),
         })
     }
 }

@@ -272,6 +272,14 @@ impl Registry {
         self.policies.get(name).copied().unwrap_or(Policy::Deny)
     }
 
+    /// The tool's own name (for metric labels: a fixed set), or `unknown` for a name no tool
+    /// has (a model may make one up).
+    pub fn label(&self, name: &str) -> &'static str {
+        self.tools
+            .get_key_value(name)
+            .map_or("unknown", |(k, _)| *k)
+    }
+
     /// Whether `name` is a tool that only looks.
     pub fn is_read_only(&self, name: &str) -> bool {
         self.tools.get(name).is_some_and(|t| t.read_only())

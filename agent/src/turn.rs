@@ -97,6 +97,10 @@ impl TurnIo {
         if let Some(path) = &outcome.sent_file {
             self.sent_files.push(path.clone());
         }
+        crate::metrics::tool_call(
+            self.registry.label(name),
+            if outcome.ok { "ok" } else { "error" },
+        );
         outcome
     }
 

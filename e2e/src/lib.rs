@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 pub use e2ee::{E2eeUser, Received};
 pub use keyproxy::KeyProxy;
 pub use matrix::{Homeserver, User};
-pub use procs::{Child, Stack, StackOptions};
+pub use procs::{Child, Stack, StackOptions, metric};
 pub use synapse::DedicatedSynapse;
 
 /// Polls `f` every `every` until it returns `Some`; fails naming `what` after `timeout`.

@@ -301,6 +301,16 @@ impl Stack {
         wait_healthy(&self.agent, &format!("{}/healthz", self.agent_http)).await;
     }
 
+    /// The surface's `/metrics` (Prometheus text).
+    pub async fn surface_metrics(&self) -> Result<String> {
+        scrape(&format!("{}/metrics", self.surface_health)).await
+    }
+
+    /// The agent's `/metrics` (Prometheus text).
+    pub async fn agent_metrics(&self) -> Result<String> {
+        scrape(&format!("{}/metrics", self.agent_http)).await
+    }
+
     /// Every regular file under `dir` (relative to the workspace), recursively, sorted.
     pub fn files_under(&self, dir: &str) -> Vec<String> {
         let mut out = Vec::new();
@@ -392,5 +402,68 @@ async fn wait_healthy(child: &Child, url: &str) {
     if ok.is_err() {
         child.dump();
         panic!("{url} did not become healthy");
+    }
+}
+
+async fn scrape(url: &str) -> Result<String> {
+    let resp = reqwest::get(url).await?.error_for_status()?;
+    Ok(resp.text().await?)
+}
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition (exactly those
+/// labels, in any order); 0 when there is none (a counter never incremented is not shown).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    want.sort();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, got) = match series.split_once('{') {
+                Some((n, rest)) => {
+                    let mut got: Vec<String> = rest
+                        .trim_end_matches('}')
+                        .split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    got.sort();
+                    (n, got)
+                }
+                None => (series, Vec::new()),
+            };
+            (n == name && got == want).then(|| value.parse().ok())?
+        })
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric;
+
+    #[test]
+    fn reads_samples_by_name_and_labels() {
+        let text = "# HELP x_total X.\n# TYPE x_total counter\n\
+                    x_total{kind=\"media\",outcome=\"trigger\"} 3\n\
+                    x_total{kind=\"message\",outcome=\"trigger\"} 5\ny 1.5\n";
+        assert_eq!(
+            metric(
+                text,
+                "x_total",
+                &[("outcome", "trigger"), ("kind", "media")]
+            ),
+            3.0
+        );
+        assert_eq!(
+            metric(
+                text,
+                "x_total",
+                &[("kind", "message"), ("outcome", "trigger")]
+            ),
+            5.0
+        );
+        assert_eq!(metric(text, "y", &[]), 1.5);
+        assert_eq!(metric(text, "x_total", &[("kind", "media")]), 0.0);
+        assert_eq!(metric(text, "z", &[]), 0.0);
     }
 }

@@ -45,14 +45,40 @@ pub enum AgentStatus {
 #[derive(Debug)]
 struct State_ {
     synced: bool,
+    last_sync: Option<std::time::Instant>,
     agent: AgentStatus,
     parked_sends: u64,
 }
 
+/// Renders `/metrics` (the text exposition format).
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// Shared health state, updated by the sync loop and the agent links.
-#[derive(Debug)]
 pub struct Health {
     state: Mutex<State_>,
+    metrics: std::sync::OnceLock<MetricsRenderer>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("state", &self.state)
+            .field("metrics", &self.metrics.get().is_some())
+            .finish()
+    }
+}
+
+/// What the metrics take from the health state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// When the last sync succeeded.
+    pub last_sync: Option<std::time::Instant>,
+    /// The agent handshake is good.
+    pub agent_up: bool,
+    /// No workspace (or protocol) mismatch.
+    pub workspace_ok: bool,
+    /// Parked posts.
+    pub parked_sends: u64,
 }
 
 /// The JSON body of `/healthz`.
@@ -74,9 +100,11 @@ impl Default for Health {
         Self {
             state: Mutex::new(State_ {
                 synced: false,
+                last_sync: None,
                 agent: AgentStatus::Unchecked,
                 parked_sends: 0,
             }),
+            metrics: std::sync::OnceLock::new(),
         }
     }
 }
@@ -88,7 +116,28 @@ impl Health {
 
     /// A sync with the homeserver succeeded.
     pub fn set_synced(&self) {
-        self.lock().synced = true;
+        let mut s = self.lock();
+        s.synced = true;
+        s.last_sync = Some(std::time::Instant::now());
+    }
+
+    /// Serves `/metrics` with `render` (the first one set stays).
+    pub fn set_metrics(&self, render: MetricsRenderer) {
+        let _ = self.metrics.set(render);
+    }
+
+    /// The state the metrics show.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = self.lock();
+        Snapshot {
+            last_sync: s.last_sync,
+            agent_up: s.agent == AgentStatus::Ok,
+            workspace_ok: !matches!(
+                s.agent,
+                AgentStatus::WorkspaceMismatch(_) | AgentStatus::ProtocolMismatch(_)
+            ),
+            parked_sends: s.parked_sends,
+        }
     }
 
     /// Records the outcome of an agent handshake. A workspace or protocol mismatch sticks until
@@ -109,12 +158,12 @@ impl Health {
         s.agent = status;
     }
 
-    /// The current status.
     /// How many posts are parked (see [`crate::send`]).
     pub fn set_parked_sends(&self, n: u64) {
         self.lock().parked_sends = n;
     }
 
+    /// The current status.
     pub fn report(&self) -> Report {
         let s = self.lock();
         let (status, detail) = match (&s.agent, s.synced) {
@@ -146,10 +195,26 @@ async fn healthz(State(health): State<Arc<Health>>) -> (StatusCode, Json<Report>
     (code, Json(report))
 }
 
-/// The health router.
+async fn metrics(State(health): State<Arc<Health>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match health.metrics.get() {
+        Some(render) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            render(),
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// The health router: `/healthz` and `/metrics`.
 pub fn app(health: Arc<Health>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(health)
 }
 

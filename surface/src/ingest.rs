@@ -513,10 +513,42 @@ pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
     let mut pokes = Pokes::new();
     for (((row, decision), new), e) in rows.iter().zip(decisions).zip(inserted).zip(&events) {
         if new {
+            crate::metrics::event(event_kind(e), decision_label(&decision));
             act(ctx, row, decision, e, &mut pokes);
         }
     }
     wake(ctx, pokes);
+}
+
+/// The `kind` label of an event (a handful of values).
+fn event_kind(e: &RawEvent) -> &'static str {
+    match e.kind.as_str() {
+        "m.room.message" => match e.content["msgtype"].as_str() {
+            Some("m.image" | "m.file" | "m.audio" | "m.video") => "media",
+            _ => "message",
+        },
+        "m.room.encrypted" => "encrypted",
+        "m.reaction" => "reaction",
+        "m.room.redaction" => "redaction",
+        "m.room.member" => "member",
+        _ => "other",
+    }
+}
+
+/// The `outcome` label of a decision.
+fn decision_label(d: &Decision) -> &'static str {
+    match d {
+        Decision::Ignore(_) => "ignore",
+        Decision::Context => "context",
+        Decision::Trigger => "trigger",
+        Decision::WaitForKey => "wait_for_key",
+        Decision::Answer(_) => "answer",
+        Decision::Redaction => "redaction",
+        Decision::ReplaceQueued => "edit",
+        Decision::SetMode { .. } => "set_mode",
+        Decision::Unsupported(_) => "unsupported",
+        Decision::Approval { .. } => "approval",
+    }
 }
 
 /// How many of the newly journaled triggers (their send times in ms) arrived while this

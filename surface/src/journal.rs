@@ -95,6 +95,17 @@ pub struct NewEvent {
     pub disposition: Disposition,
 }
 
+/// What the journal holds that nothing acted on yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Events pending or waiting.
+    pub unhandled: u64,
+    /// Of those, events waiting for their room key.
+    pub waiting_for_keys: u64,
+    /// When the oldest was recorded, ms since the epoch.
+    pub oldest_ms: Option<u64>,
+}
+
 /// An event read back from the journal: what was recorded, and where it stands in arrival
 /// order (room order within a room).
 #[derive(Debug, Clone)]
@@ -414,6 +425,23 @@ impl Journal {
             [chat.as_str()],
             |r| r.get::<_, i64>(0),
         )? as u64)
+    }
+
+    /// Across all chats: events not handled yet (pending or waiting), how many of them wait
+    /// for a room key, and when the oldest was recorded (ms since the epoch).
+    pub fn backlog(&self) -> Result<Backlog> {
+        Ok(self.conn().query_row(
+            "SELECT COUNT(*), COALESCE(SUM(state = 'waiting'), 0), MIN(recorded_ms) \
+             FROM events WHERE state IN ('pending', 'waiting')",
+            [],
+            |r| {
+                Ok(Backlog {
+                    unhandled: r.get::<_, i64>(0)? as u64,
+                    waiting_for_keys: r.get::<_, i64>(1)? as u64,
+                    oldest_ms: r.get::<_, Option<i64>>(2)?.map(|v| v as u64),
+                })
+            },
+        )?)
     }
 
     /// Chats with pending events or unfinished turns.

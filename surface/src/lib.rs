@@ -17,6 +17,7 @@ pub mod lanes;
 pub mod latency;
 pub mod logging;
 pub mod media;
+pub mod metrics;
 pub mod mime;
 pub mod outbound;
 pub mod outbox;
@@ -57,7 +58,17 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Runs the surface until `shutdown` is cancelled (or the sync loop fails for good): binds the
 /// health endpoint, logs in (or restores the session), then [`run_with`].
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    info!(config = ?config, "starting surface");
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        homeserver = %config.homeserver_url,
+        user_id = %config.user_id,
+        agent = %config.agent_url,
+        health = %config.health_bind,
+        workspace = %config.workspace_root.display(),
+        state_dir = %config.state_dir.display(),
+        video_posters = config.ffmpeg.is_some(),
+        "surface starting"
+    );
     let listener = health::bind(config.health_bind)
         .await
         .with_context(|| format!("SURFACE_HEALTH_BIND {} cannot be bound", config.health_bind))?;
@@ -99,6 +110,31 @@ pub async fn run_with(
     let upload_cache = UploadCache::open(&config.state_dir).context("opening the upload cache")?;
     let health = Arc::new(Health::default());
     health.set_parked_sends(journal.parked_count().context("reading the journal")?);
+    if let Some(handle) = metrics::install() {
+        let (weak, journal) = (Arc::downgrade(&health), journal.clone());
+        let render = move || {
+            let snap = weak.upgrade().map(|h| h.snapshot());
+            let backlog = journal.backlog().unwrap_or_default();
+            let now_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let state = metrics::State {
+                since_sync: snap.as_ref().and_then(|s| s.last_sync).map(|t| t.elapsed()),
+                backlog: (
+                    backlog.unhandled,
+                    Duration::from_millis(
+                        backlog.oldest_ms.map_or(0, |o| now_ms.saturating_sub(o)),
+                    ),
+                ),
+                undecryptable: backlog.waiting_for_keys,
+                parked: snap.as_ref().map_or(0, |s| s.parked_sends),
+                agent_up: snap.as_ref().is_some_and(|s| s.agent_up),
+                workspace_ok: snap.as_ref().is_none_or(|s| s.workspace_ok),
+            };
+            metrics::render(&handle, &state)
+        };
+        health.set_metrics(Arc::new(render));
+    }
     let tracker = TaskTracker::new();
     tracker.spawn({
         let health = health.clone();

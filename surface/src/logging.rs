@@ -27,15 +27,26 @@ pub fn redaction() -> redact::Redact {
     redact::Redact::new(OWN_CRATES)
 }
 
-/// Installs the global subscriber.
+/// Whether `LOG_FORMAT` asks for JSON lines (`json`; anything else, or nothing, is text).
+pub fn wants_json(format: Option<&str>) -> bool {
+    format.is_some_and(|f| f.trim().eq_ignore_ascii_case("json"))
+}
+
+/// Installs the global subscriber: text, or one JSON object per line with `LOG_FORMAT=json`.
 pub fn init() {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let json = wants_json(std::env::var("LOG_FORMAT").ok().as_deref());
     tracing_subscriber::registry()
         .with(redaction())
         .with(QuietNotFound)
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal()))
+        .with(json.then(|| tracing_subscriber::fmt::layer().json()))
+        .with(
+            (!json).then(|| {
+                tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal())
+            }),
+        )
         .init();
 }
 

@@ -151,6 +151,7 @@ where
         let observed = observe(&err);
         let wait = match verdict(&observed) {
             Verdict::RateLimited(asked) => {
+                crate::metrics::send_retry("rate_limited");
                 let wait = asked
                     .map(|d| d.min(MAX_RETRY_AFTER))
                     .or_else(|| backoff.next())
@@ -163,6 +164,11 @@ where
                 wait
             }
             Verdict::Transient => {
+                crate::metrics::send_retry(match observed {
+                    Observed::Network => "network",
+                    Observed::Status { .. } => "server_error",
+                    _ => "other",
+                });
                 let wait = backoff.next().unwrap_or(Duration::from_secs(60));
                 warn!(
                     room_id = %room_id, txn_id = %out.txn, purpose = out.purpose, about, attempt,

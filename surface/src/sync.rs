@@ -186,6 +186,9 @@ async fn handle(ctx: &Ctx, response: SyncResponse) {
             .filter_map(RawEvent::parse)
             .collect();
         crate::latency::arrived(events.iter().map(|e| e.event_id.as_str()), at);
+        if update.timeline.limited {
+            metrics::counter!(crate::metrics::LIMITED_SYNCS).increment(1);
+        }
         let new = collect_new(
             ctx,
             &room,
@@ -250,6 +253,7 @@ async fn collect_new(
                 if found.is_some() {
                     break 'pages;
                 }
+                metrics::counter!(crate::metrics::BACKFILLED).increment(1);
                 newest_first.push(e);
             }
             match page.end {

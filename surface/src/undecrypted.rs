@@ -129,6 +129,7 @@ async fn resolve(ctx: &Ctx, room: &Room, u: &Undecrypted, clear: &RawEvent, poke
     let (row, decision) = ingest::classify(ctx, room, &facts, clear).await;
     match ctx.journal.resolve_undecrypted(&row) {
         Ok(true) => {
+            metrics::counter!(crate::metrics::RECOVERED).increment(1);
             info!(
                 room_id = %row.room_id,
                 event_id = %row.event_id,

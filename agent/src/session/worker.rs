@@ -132,10 +132,13 @@ async fn run_turn(
         turn,
         history,
     };
+    let started = std::time::Instant::now();
+    metrics::gauge!(crate::metrics::RUNNING).increment(1.0);
     let result = tokio::select! {
         r = app.brain.run_turn(&input, &mut io) => Some(r),
         _ = turn_cancel.cancelled() => None,
     };
+    metrics::gauge!(crate::metrics::RUNNING).decrement(1.0);
     *running.lock().unwrap_or_else(|e| e.into_inner()) = None;
 
     if conn_cancel.is_cancelled() {
@@ -164,6 +167,14 @@ async fn run_turn(
         error!(error = %e, "cannot record the end of the turn");
     }
     let end_status = end_status(status);
+    crate::metrics::turn(
+        match end_status {
+            EndStatus::Completed => "completed",
+            EndStatus::Failed => "failed",
+            EndStatus::Cancelled => "cancelled",
+        },
+        started.elapsed(),
+    );
     info!(status = ?end_status, "turn ends");
     let _ = link
         .emit(End {

@@ -77,6 +77,7 @@ async fn each_media_kind_lands_in_the_inbox_and_the_agent_gets_its_path() {
         },
     ];
     let inbox = format!("{}/inbox/", dm.room_dir());
+    let (total, count): (usize, usize) = (cases.iter().map(|c| c.bytes.len()).sum(), cases.len());
     for case in cases {
         let mxc = dm.user.upload(case.bytes.clone(), case.mime).await.unwrap();
         let body_text = case.caption.unwrap_or(case.filename);
@@ -152,6 +153,40 @@ async fn each_media_kind_lands_in_the_inbox_and_the_agent_gets_its_path() {
             assert!(text.contains("3x2"), "image dimensions: {text}");
         }
     }
+    // The surface's metrics moved as the files came in; the agent's, as the turns ended.
+    let m = dm.stack.surface_metrics().await.expect("surface /metrics");
+    let bytes_in = e2e::metric(
+        &m,
+        "mxbridge_surface_media_bytes_total",
+        &[("direction", "in")],
+    );
+    assert!(
+        bytes_in >= total as f64,
+        "media bytes in {bytes_in} < {total}:\n{m}"
+    );
+    let media = e2e::metric(
+        &m,
+        "mxbridge_surface_events_total",
+        &[("kind", "media"), ("outcome", "trigger")],
+    );
+    assert!(media >= count as f64, "media events {media}:\n{m}");
+    assert_eq!(
+        e2e::metric(&m, "mxbridge_surface_agent_up", &[]),
+        1.0,
+        "{m}"
+    );
+    assert!(e2e::metric(&m, "mxbridge_surface_sync_last_success_age_seconds", &[]) < 120.0);
+    let a = dm.stack.agent_metrics().await.expect("agent /metrics");
+    let turns = e2e::metric(
+        &a,
+        "mxbridge_agent_turns_total",
+        &[("outcome", "completed")],
+    );
+    assert!(turns >= count as f64, "turns {turns}:\n{a}");
+    println!(
+        "metrics after files in: media_bytes_in={bytes_in} media_events={media} agent_turns={turns}"
+    );
+
     // No partial files anywhere.
     let all = dm.stack.files_under("surfaces");
     assert!(

@@ -18,6 +18,7 @@ const SURFACE: &[&[&str]] = &[
         "lane_registry",
         "latency",
         "logging",
+        "metrics",
         "mime",
         "render",
         "retry",
@@ -36,7 +37,14 @@ const SURFACE: &[&[&str]] = &[
 
 /// The agent's modules, bottom to top.
 const AGENT: &[&[&str]] = &[
-    &["config", "confine", "connection", "memory", "store"],
+    &[
+        "config",
+        "confine",
+        "connection",
+        "memory",
+        "metrics",
+        "store",
+    ],
     &["chat", "describe"],
     &["link"],
     &["tools"],

@@ -19,6 +19,7 @@ mod latency;
 mod layers;
 mod media_look;
 mod offline;
+mod operations;
 mod outages;
 mod recovery;
 mod streaming;

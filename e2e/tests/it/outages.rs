@@ -177,6 +177,17 @@ async fn rate_limited_replies_are_waited_out_not_lost() {
         report.summary()
     );
     assert_clean(&report);
+    let m = stack.surface_metrics().await.expect("surface /metrics");
+    let retries = e2e::metric(
+        &m,
+        "mxbridge_surface_send_retries_total",
+        &[("reason", "rate_limited")],
+    );
+    println!("rate_limit: retries counted {retries}");
+    assert!(
+        retries >= waits as f64,
+        "every wait is counted: {retries} < {waits}"
+    );
     assert!(
         waits >= 1,
         "the surface never logged `rate limited by the homeserver`: the limit was not hit, or \
@@ -298,6 +309,11 @@ async fn a_refused_answer_is_parked_and_reported_and_the_chat_goes_on() {
     assert!(
         parked.is_some_and(|n| n >= 1),
         "healthz counts the parked send: {health}"
+    );
+    let m = stack.surface_metrics().await.expect("surface /metrics");
+    assert!(
+        e2e::metric(&m, "mxbridge_surface_parked_sends", &[]) >= 1.0,
+        "the parked-sends gauge: {m}"
     );
 
     // Give the bot its voice back: the conversation goes on, the parked reply stays parked.

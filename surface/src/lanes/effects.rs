@@ -326,6 +326,7 @@ impl Lane {
                 }
             }
             Err(e) => {
+                crate::metrics::media_failure("out");
                 warn!(
                     room_id = %self.chat.room_id,
                     path = %f.path,

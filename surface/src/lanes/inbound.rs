@@ -151,6 +151,7 @@ impl Lane {
                 Ok(d)
             }
             Err(e) => {
+                crate::metrics::media_failure("in");
                 warn!(
                     event_id = %ev.event_id,
                     room_id = %ev.room_id,

@@ -282,6 +282,7 @@ async fn attempt(
     }
     let name = temp.name().to_owned();
     let path = temp.commit().await?;
+    crate::metrics::media_bytes("in", size);
     Ok(Downloaded {
         path,
         info: AttachmentInfo {

@@ -443,6 +443,7 @@ pub(super) async fn post_stream(
     let mxc = OwnedMxcUri::from(parsed.content_uri);
     mxc.validate()
         .map_err(|e| HttpError::InvalidResponse(format!("content_uri: {e}")))?;
+    crate::metrics::media_bytes("out", len);
     Ok(mxc)
 }
 

@@ -35,6 +35,22 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// A short label for metrics (one per class).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::NoAnswer(_) => "no_answer",
+            Self::RateLimited => "rate_limited",
+            Self::Busy => "busy",
+            Self::ContextTooLong => "context_too_long",
+            Self::ModelNotFound => "model_not_found",
+            Self::KeyRefused(_) => "key_refused",
+            Self::Server { .. } => "server_error",
+            Self::Stalled(_) => "stalled",
+            Self::Broken(_) => "broken",
+        }
+    }
+
     /// The sentence for the room (and the log). `model` is the configured model name.
     pub fn message(&self, model: &str) -> String {
         match self {

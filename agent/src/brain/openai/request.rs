@@ -35,8 +35,13 @@ pub(super) async fn complete(
     body: &Value,
     io: &mut TurnIo,
 ) -> Result<Assembler, BrainError> {
-    let fail = |f: Failure| BrainError::Model(f.message(&config.model));
+    let fail = |f: Failure| {
+        crate::metrics::model_request(f.label(), None);
+        BrainError::Model(f.message(&config.model))
+    };
+    let asked = std::time::Instant::now();
     let response = send(http, config, body).await.map_err(fail)?;
+    let head = asked.elapsed();
     let tuning = &config.tuning;
     let mut events = response.bytes_stream().eventsource();
     let mut assembler = Assembler::default();
@@ -59,6 +64,10 @@ pub(super) async fn complete(
         return Err(fail(Failure::Broken(
             "it ended before the answer was complete".to_owned(),
         )));
+    }
+    crate::metrics::model_request("ok", Some(head));
+    if let Some((prompt, completion)) = assembler.usage {
+        crate::metrics::tokens(prompt, completion);
     }
     Ok(assembler)
 }

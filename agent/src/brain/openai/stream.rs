@@ -27,6 +27,17 @@ struct Chunk {
     choices: Vec<Choice>,
     #[serde(default)]
     error: Option<Value>,
+    /// Sent by servers asked for it (or always, like llama.cpp's last chunk).
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -87,6 +98,8 @@ pub struct Assembler {
     pub finish_reason: Option<String>,
     /// `[DONE]` was seen.
     pub done: bool,
+    /// Prompt and completion tokens, when the server reported them.
+    pub usage: Option<(u64, u64)>,
 }
 
 impl Assembler {
@@ -108,6 +121,9 @@ impl Assembler {
                 "the model server reported an error mid-answer: {}",
                 error_message(&error)
             )));
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Some((u.prompt_tokens, u.completion_tokens));
         }
         let mut text = None;
         for choice in chunk.choices {
@@ -238,6 +254,7 @@ mod tests {
         assert_eq!(shown, "Yes.");
         assert!(a.calls.is_empty());
         assert_eq!(a.ending(), Ending::Finished);
+        assert_eq!(a.usage, Some((9, 3)), "the usage-only chunk is counted");
     }
 
     #[test]
