@@ -1,5 +1,9 @@
 //! Typed configuration, loaded from environment variables and validated before anything binds.
 
+mod vars;
+
+pub use vars::VARS;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -495,6 +499,30 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn every_variable_read_is_listed_in_help() {
+        let read = std::sync::Mutex::new(std::collections::BTreeSet::new());
+        let env = [
+            ("AGENT_TOKEN", "0123456789abcdef"),
+            ("AGENT_BRAIN", "openai"),
+            ("OPENAI_BASE_URL", "http://127.0.0.1:1/v1"),
+            ("OPENAI_MODEL", "m"),
+        ];
+        let lookup = |k: &str| {
+            read.lock().unwrap().insert(k.to_owned());
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        Config::from_lookup(lookup).unwrap();
+        for name in read.lock().unwrap().iter() {
+            assert!(
+                VARS.iter().any(|v| v.name == name),
+                "{name} is not in --help"
+            );
+        }
     }
 
     const TOKEN: (&str, &str) = ("AGENT_TOKEN", "0123456789abcdef-secret");

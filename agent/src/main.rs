@@ -1,7 +1,10 @@
-//! The agent binary: configuration, logging, bind, run until SIGINT/SIGTERM.
+//! The agent binary: the command line and configuration (flags, environment, `--config` file),
+//! logging, bind, run until SIGINT/SIGTERM.
 
 use std::io::IsTerminal;
+use std::process::ExitCode;
 
+use agent::config::VARS;
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -17,10 +20,21 @@ mod redact;
 /// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
 const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
 
+const ABOUT: &str = "The agent side of mxbridge: one conversation per chat, tools confined to \
+                     the workspace, a builtin or OpenAI-compatible brain.";
+
 #[tokio::main]
-async fn main() {
+async fn main() -> ExitCode {
+    let cmd = settings::command("agent", env!("CARGO_PKG_VERSION"), ABOUT, VARS, &[]);
+    let lookup = match settings::parse(cmd, VARS, std::env::args_os(), |k| std::env::var(k).ok()) {
+        Ok(settings::Invocation::Run(l) | settings::Invocation::Sub(_, l)) => l,
+        Err(settings::CliError::Clap(e)) => e.exit(),
+        Err(e) => return settings::refuse("agent", &e),
+    };
     // `LOG_FORMAT=json`: one JSON object per line, for log collectors.
-    let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
+    let json = lookup
+        .get("LOG_FORMAT")
+        .is_some_and(|f| f.trim().eq_ignore_ascii_case("json"));
     tracing_subscriber::registry()
         .with(redact::Redact::new(OWN_CRATES))
         .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
@@ -31,15 +45,19 @@ async fn main() {
             }),
         )
         .init();
-    if let Err(e) = serve().await {
+    let config = match agent::Config::from_lookup(|k| lookup.get(k)) {
+        Ok(c) => c,
+        Err(e) => return settings::refuse("agent", &e),
+    };
+    if let Err(e) = serve(config).await {
         // One line naming the bad setting; no backtrace noise.
         eprintln!("agent: {e:#}");
-        std::process::exit(1);
+        return ExitCode::FAILURE;
     }
+    ExitCode::SUCCESS
 }
 
-async fn serve() -> anyhow::Result<()> {
-    let config = agent::Config::from_env().context("invalid configuration")?;
+async fn serve(config: agent::Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.bind)
         .await
         .with_context(|| format!("AGENT_BIND: cannot listen on {}", config.bind))?;

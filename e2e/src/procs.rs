@@ -12,7 +12,7 @@ use crate::{Homeserver, User, unique};
 
 /// Where cargo put the workspace's binaries: `target/<profile>/`, the parent of a test binary's
 /// `deps/`, or the folder of a binary such as `bench` itself.
-fn bin(name: &str) -> PathBuf {
+pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let parent = exe.parent().expect("exe dir");
     let dir = if parent.file_name() == Some(std::ffi::OsStr::new("deps")) {

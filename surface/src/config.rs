@@ -1,6 +1,10 @@
 //! The surface's configuration: read from the environment, converted to rich types and validated
 //! before anything logs in or binds.
 
+mod vars;
+
+pub use vars::VARS;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -419,6 +423,23 @@ mod tests {
 
     fn load(env: &HashMap<&'static str, String>) -> Result<Config, ConfigError> {
         Config::from_lookup(|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn every_variable_read_is_listed_in_help() {
+        let read = std::sync::Mutex::new(std::collections::BTreeSet::new());
+        let env = base();
+        let lookup = |k: &str| {
+            read.lock().unwrap().insert(k.to_owned());
+            env.get(k).cloned()
+        };
+        Config::from_lookup(lookup).unwrap();
+        for name in read.lock().unwrap().iter().filter(|n| *n != "PATH") {
+            assert!(
+                VARS.iter().any(|v| v.name == name),
+                "{name} is not in --help"
+            );
+        }
     }
 
     #[test]

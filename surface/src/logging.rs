@@ -32,11 +32,11 @@ pub fn wants_json(format: Option<&str>) -> bool {
     format.is_some_and(|f| f.trim().eq_ignore_ascii_case("json"))
 }
 
-/// Installs the global subscriber: text, or one JSON object per line with `LOG_FORMAT=json`.
-pub fn init() {
+/// Installs the global subscriber: text, or one JSON object per line when `json`
+/// ([`wants_json`] of `LOG_FORMAT`).
+pub fn init(json: bool) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let json = wants_json(std::env::var("LOG_FORMAT").ok().as_deref());
     tracing_subscriber::registry()
         .with(redaction())
         .with(QuietNotFound)

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+mod cli;
 mod conversation;
 mod encrypted;
 mod faults;

@@ -1,0 +1,96 @@
+//! Both binaries explain themselves the same way: `--help` lists every setting with its
+//! variable and default (compared with the committed snapshots in `tests/it/snapshots/`;
+//! `MXBRIDGE_BLESS=1` rewrites them), `--version` names the version, and a configuration
+//! problem (from the environment or a `--config` file) is one `<bin>: configuration: …` line
+//! on stderr and exit code 2, before anything binds or logs in. No homeserver needed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use e2e::procs::bin;
+
+fn run(name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(bin(name))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the binary")
+}
+
+#[test]
+fn help_matches_the_snapshots_and_version_is_printed() {
+    for name in ["surface", "agent"] {
+        let out = run(name, &["--help"], &[]);
+        assert!(out.status.success(), "{name} --help: {out:?}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        let snapshot = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/it/snapshots")
+            .join(format!("{name}-help.txt"));
+        if std::env::var_os("MXBRIDGE_BLESS").is_some() {
+            std::fs::write(&snapshot, &help).unwrap();
+        }
+        let expected = std::fs::read_to_string(&snapshot).unwrap_or_default();
+        assert!(
+            help == expected,
+            "{name} --help changed; if intended, rerun with MXBRIDGE_BLESS=1 and commit \
+             {}:\n{help}",
+            snapshot.display()
+        );
+        let out = run(name, &["--version"], &[]);
+        let version = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            version.trim(),
+            format!("{name} {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
+}
+
+#[test]
+fn configuration_problems_are_one_line_and_exit_code_2_in_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(&file, "AGENT_TOKN = \"x\"\nAGENT_BIND = [1]\n").unwrap();
+    let file = file.to_str().unwrap();
+    // (binary, arguments, environment, what the line names)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        ("agent", &[], &[], "AGENT_TOKEN"),
+        ("surface", &[], &[], "MATRIX_HOMESERVER_URL"),
+        (
+            "agent",
+            &["--config", file],
+            &[],
+            "unknown setting `AGENT_TOKN`",
+        ),
+        (
+            "surface",
+            &["--config", file],
+            &[],
+            "unknown setting `AGENT_TOKN`",
+        ),
+        (
+            "agent",
+            &["--agent-bind", "nonsense"],
+            &[
+                ("AGENT_TOKEN", "0123456789abcdef"),
+                ("AGENT_BIND", "127.0.0.1:1"),
+            ],
+            "AGENT_BIND",
+        ),
+    ];
+    for (name, args, env, says) in cases {
+        let out = run(name, args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {stderr}");
+        let line = stderr.lines().next().unwrap_or_default();
+        assert!(
+            line.starts_with(&format!("{name}: configuration: ")) && line.contains(says),
+            "{name} {args:?}: {stderr}"
+        );
+    }
+    // Both problems of the file, at once.
+    let out = run("agent", &["--config", file], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`AGENT_BIND` must be"), "{stderr}");
+}
