@@ -13,10 +13,6 @@ pub const TURNS: &str = "mxbridge_agent_turns_total";
 pub const TURN_SECONDS: &str = "mxbridge_agent_turn_duration_seconds";
 /// Turns running now.
 pub const RUNNING: &str = "mxbridge_agent_turns_running";
-/// Turns stored and waiting for their chat's earlier turns.
-pub const QUEUED: &str = "mxbridge_agent_turns_queued";
-/// How long a turn waited between being stored and starting, seconds.
-pub const QUEUE_WAIT: &str = "mxbridge_agent_turn_queue_wait_seconds";
 /// Tool calls, by `tool` and `outcome` (ok, error, denied).
 pub const TOOL_CALLS: &str = "mxbridge_agent_tool_calls_total";
 /// Requests to the model server, by `outcome` (ok or the failure class).
@@ -43,8 +39,6 @@ pub fn install() -> Option<PrometheusHandle> {
     describe_counter!(TURNS, "Turns finished, by outcome.");
     describe_histogram!(TURN_SECONDS, Unit::Seconds, "How long turns took.");
     describe_gauge!(RUNNING, "Turns running now.");
-    describe_gauge!(QUEUED, "Turns stored and waiting to run.");
-    describe_histogram!(QUEUE_WAIT, Unit::Seconds, "Wait from stored to started.");
     describe_counter!(TOOL_CALLS, "Tool calls, by tool and outcome.");
     describe_counter!(MODEL_REQUESTS, "Requests to the model server, by outcome.");
     describe_counter!(TOKENS, "Tokens the model server reported, by direction.");
