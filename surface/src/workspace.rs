@@ -235,6 +235,8 @@ pub struct InboxTemp {
     temp_name: String,
     name: String,
     now: SystemTime,
+    /// Set by [`InboxTemp::keyed`]: the unique part of the final name.
+    key: Option<String>,
 }
 
 impl fmt::Debug for InboxTemp {
@@ -258,8 +260,17 @@ impl InboxTemp {
         &self.name
     }
 
+    /// Names the final file after `key` (e.g. a digest of the event it came with) instead of a
+    /// random part: downloading the same thing again (after a crash between the commit and its
+    /// record) finds the first copy and keeps it, so an inbox never holds a file twice.
+    pub fn keyed(mut self, key: &str) -> Self {
+        self.key = Some(key.to_owned());
+        self
+    }
+
     /// Flushes and fsyncs the file, then renames it to
-    /// `<UTC YYYYmmddTHHMMSSZ>-<8 unique>-<name>` without ever replacing an existing file.
+    /// `<UTC YYYYmmddTHHMMSSZ>-<8 unique>-<name>` (or `<stamp>-<key>-<name>`, see
+    /// [`InboxTemp::keyed`]) without ever replacing an existing file.
     pub async fn commit(mut self) -> Result<WorkspacePath, WorkspaceError> {
         use tokio::io::AsyncWriteExt;
         let mut file = self.file.take().expect("present until commit or drop");
@@ -275,10 +286,26 @@ impl InboxTemp {
         let inbox = Arc::clone(&self.inbox);
         let temp_name = self.temp_name.clone();
         let name = self.name.clone();
+        let key = self.key.clone();
         let final_name = tokio::task::spawn_blocking(move || {
-            let final_name = rename_unique(&inbox, &temp_name, &inbox, |unique| {
-                format!("{stamp}-{unique}-{name}")
-            })?;
+            let final_name = match key {
+                Some(key) => {
+                    let to = format!("{stamp}-{key}-{name}");
+                    match rename_noreplace(&inbox, &temp_name, &inbox, &to) {
+                        Ok(()) => to,
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                            // Committed before: keep that copy, drop this one.
+                            inbox.remove_file(&temp_name)?;
+                            tracing::info!(file = %to, "already in the inbox; kept the first copy");
+                            to
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => rename_unique(&inbox, &temp_name, &inbox, |unique| {
+                    format!("{stamp}-{unique}-{name}")
+                })?,
+            };
             // Make the rename itself durable.
             if let Ok(d) = inbox.try_clone() {
                 let _ = d.into_std_file().sync_all();
@@ -395,6 +422,7 @@ impl Workspace {
                         temp_name,
                         name: sanitize_filename(name, MAX_INBOX_NAME_BYTES),
                         now,
+                        key: None,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
@@ -653,6 +681,36 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_keyed_download_committed_twice_is_one_file() {
+        use tokio::io::AsyncWriteExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(tmp.path()).unwrap();
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut paths = Vec::new();
+        for content in [&b"first"[..], b"second"] {
+            let mut t = ws
+                .create_inbox_file("@u:hs", "!r:hs", "a.txt", at)
+                .unwrap()
+                .keyed("k1");
+            t.file().write_all(content).await.unwrap();
+            paths.push(t.commit().await.unwrap());
+        }
+        assert_eq!(paths[0], paths[1]);
+        let dir = tmp
+            .path()
+            .join(Workspace::inbox_dir("@u:hs", "!r:hs").as_str());
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "one file, no partial left: {names:?}");
+        assert_eq!(
+            std::fs::read(paths[0].to_path_under(tmp.path())).unwrap(),
+            b"first"
+        );
+    }
 
     #[test]
     fn positioned_readers_of_one_file_do_not_move_each_other() {

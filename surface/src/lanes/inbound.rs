@@ -137,6 +137,7 @@ impl Lane {
             event_id,
             room_id,
             sender,
+            sent_at: std::time::UNIX_EPOCH + std::time::Duration::from_millis(ev.origin_ts),
             source,
             declared_size,
             declared_mime,

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use matrix_sdk::Client;
 use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
-use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
+use matrix_sdk::ruma::{EventId, OwnedEventId, OwnedRoomId, OwnedUserId};
 use matrix_sdk_crypto::{AttachmentDecryptor, MediaEncryptionInfo};
 use protocol::{AttachmentInfo, WorkspacePath};
 
@@ -26,6 +26,9 @@ pub struct DownloadRequest {
     pub room_id: OwnedRoomId,
     /// Who sent it: decides the inbox folder.
     pub sender: OwnedUserId,
+    /// When it was sent (`origin_server_ts`): the time in the file's name, which, with a digest
+    /// of the event id, makes a download after a crash land on the same name, kept once.
+    pub sent_at: SystemTime,
     /// Where the content is (`content.source` of the event).
     pub source: MediaSource,
     /// `info.size` of the event, if any. Checked against the limit before downloading.
@@ -218,12 +221,14 @@ async fn attempt(
             size: Some(size),
         });
     }
-    let mut temp = ws.create_inbox_file(
-        req.sender.as_str(),
-        req.room_id.as_str(),
-        &req.name,
-        SystemTime::now(),
-    )?;
+    let mut temp = ws
+        .create_inbox_file(
+            req.sender.as_str(),
+            req.room_id.as_str(),
+            &req.name,
+            req.sent_at,
+        )?
+        .keyed(&event_key(&req.event_id));
     let disk = |e| WorkspaceError::Io {
         op: "write",
         path: temp_label(req),
@@ -292,6 +297,12 @@ async fn attempt(
             ..AttachmentInfo::default()
         },
     })
+}
+
+/// The unique part of an inbox file's name: 16 hex digits of the event id's SHA-256.
+fn event_key(event_id: &EventId) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(event_id.as_str().as_bytes())[..8])
 }
 
 /// What the sink learned while writing.
@@ -394,6 +405,7 @@ mod tests {
             event_id: event_id!("$ev").to_owned(),
             room_id: owned_room_id!("!room:example.org"),
             sender: owned_user_id!("@alice:example.org"),
+            sent_at: SystemTime::now(),
             source: MediaSource::Plain(format!("mxc://example.org/{media_id}").into()),
             declared_size: None,
             declared_mime: None,
