@@ -299,10 +299,11 @@ async fn attempt(
     })
 }
 
-/// The unique part of an inbox file's name: 16 hex digits of the event id's SHA-256.
+/// The unique part of an inbox file's name: 8 hex digits of the event id's SHA-256 (the
+/// eight characters `protocol::original_name` expects between the time and the name).
 fn event_key(event_id: &EventId) -> String {
     use sha2::Digest;
-    hex::encode(&sha2::Sha256::digest(event_id.as_str().as_bytes())[..8])
+    hex::encode(&sha2::Sha256::digest(event_id.as_str().as_bytes())[..4])
 }
 
 /// What the sink learned while writing.
@@ -395,6 +396,13 @@ mod tests {
     use matrix_sdk::ruma::{event_id, owned_room_id, owned_user_id};
 
     use super::*;
+
+    #[test]
+    fn inbox_names_keep_the_original_name_readable() {
+        let key = event_key(matrix_sdk::ruma::event_id!("$abc:example.org"));
+        let name = format!("20260101T120000Z-{key}-photo.png");
+        assert_eq!(protocol::original_name(&name), "photo.png");
+    }
     use crate::media::test_server::{Reply, TestServer};
 
     const ROOM: &str = "!room:example.org";
