@@ -26,6 +26,28 @@ pub struct Var {
     pub secret: bool,
 }
 
+impl Var {
+    /// A setting (`default` as `--help` shows it; `""`: none).
+    pub const fn new(name: &'static str, default: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            default,
+            help,
+            secret: false,
+        }
+    }
+
+    /// A secret setting: environment or file only.
+    pub const fn secret(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            default: "",
+            help,
+            secret: true,
+        }
+    }
+}
+
 /// What the command line asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invocation {
