@@ -15,6 +15,7 @@ mod edits;
 mod redactions;
 mod sends;
 mod settings;
+mod undecrypted;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -26,6 +27,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 pub use edits::EditTarget;
 pub use redactions::Redacted;
 pub use sends::SendState;
+pub use undecrypted::Undecrypted;
 
 /// What [`crate::decide`] concluded for an event when it was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,17 +116,6 @@ pub struct JournaledEvent {
     pub ord: i64,
     /// The event as it was recorded.
     pub event: NewEvent,
-}
-
-/// An event journaled before its room key arrived.
-#[derive(Debug, Clone)]
-pub struct Undecrypted {
-    /// The event (its `content` is the whole encrypted event).
-    pub journaled: JournaledEvent,
-    /// When it was journaled, ms since the epoch.
-    pub recorded_ms: u64,
-    /// Its wait timed out: the room was told and its lane went on.
-    pub late: bool,
 }
 
 /// A chat that has work left (for starting lanes after a restart).
@@ -467,62 +458,6 @@ impl Journal {
             }
         }
         Ok(out)
-    }
-
-    /// Events still waiting for their room key (and late ones), oldest first.
-    pub fn undecrypted(&self) -> Result<Vec<Undecrypted>> {
-        let sql = format!(
-            "SELECT {}, recorded_ms, state FROM events WHERE state IN ('waiting', 'late') \
-             ORDER BY ord",
-            Self::EVENT_COLS
-        );
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map([], |r| {
-            Ok(Undecrypted {
-                journaled: Self::row_to_event(r)?,
-                recorded_ms: r.get::<_, i64>(10)? as u64,
-                late: r.get::<_, String>(11)? == "late",
-            })
-        })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
-    /// Replaces a waiting (or late) event by what its decryption revealed and the decision on
-    /// it. Returns false when it was not waiting any more (resolved meanwhile).
-    pub fn resolve_undecrypted(&self, ev: &NewEvent) -> Result<bool> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let n = tx.execute(
-            "UPDATE events SET chat_id = ?2, thread_root = ?3, sender_name = ?4, content = ?5, \
-             disposition = ?6, state = ?7 WHERE event_id = ?1 AND state IN ('waiting', 'late')",
-            params![
-                ev.event_id,
-                ev.chat_id.as_ref().map(ChatId::as_str),
-                ev.thread_root,
-                ev.sender_name,
-                ev.content,
-                ev.disposition.as_str(),
-                ev.disposition.initial_state(),
-            ],
-        )?;
-        if let Some(chat) = &ev.chat_id {
-            tx.execute(
-                "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
-                params![chat.as_str(), ev.room_id, ev.thread_root],
-            )?;
-        }
-        tx.commit()?;
-        Ok(n == 1)
-    }
-
-    /// A waiting event's wait timed out: its lane goes on without it. Returns false when it was
-    /// not waiting any more.
-    pub fn mark_late(&self, event_id: &str) -> Result<bool> {
-        Ok(self.conn().execute(
-            "UPDATE events SET state = 'late' WHERE event_id = ?1 AND state = 'waiting'",
-            [event_id],
-        )? == 1)
     }
 
     /// Stores the prepared context message of a context event (its files are downloaded).

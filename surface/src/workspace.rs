@@ -6,6 +6,10 @@
 //! and its opener (beneath the root, no symlink in any component, type, link count and size
 //! checked on the opened handle), the same the agent's tools use.
 
+mod reader;
+
+pub use reader::PositionedReader;
+
 use std::fmt;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -159,10 +163,7 @@ impl OpenedFile {
     /// A blocking reader from the start of the same open file with a position of its own
     /// (positional reads), so several can read at once: an upload and the thumbnailer.
     pub fn std_reader(&self) -> io::Result<PositionedReader> {
-        Ok(PositionedReader {
-            file: self.file.try_clone()?,
-            pos: 0,
-        })
+        Ok(PositionedReader::new(self.file.try_clone()?))
     }
 
     /// What identifies this version of the file without reading it: device, inode, size and
@@ -186,41 +187,6 @@ impl OpenedFile {
     /// The async handle, positioned wherever the last reader left it.
     pub fn into_tokio(self) -> tokio::fs::File {
         tokio::fs::File::from_std(self.file)
-    }
-}
-
-/// A reader of an open file that keeps its own position (`pread`), unlike a cloned handle,
-/// which shares the position with every other clone.
-#[derive(Debug)]
-pub struct PositionedReader {
-    file: std::fs::File,
-    pos: u64,
-}
-
-impl io::Read for PositionedReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        use std::os::unix::fs::FileExt;
-        let n = self.file.read_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl io::Seek for PositionedReader {
-    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
-        let base = match to {
-            io::SeekFrom::Start(n) => {
-                self.pos = n;
-                return Ok(n);
-            }
-            io::SeekFrom::End(d) => (self.file.metadata()?.len(), d),
-            io::SeekFrom::Current(d) => (self.pos, d),
-        };
-        self.pos = base
-            .0
-            .checked_add_signed(base.1)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before the start"))?;
-        Ok(self.pos)
     }
 }
 
@@ -710,30 +676,6 @@ mod tests {
             std::fs::read(paths[0].to_path_under(tmp.path())).unwrap(),
             b"first"
         );
-    }
-
-    #[test]
-    fn positioned_readers_of_one_file_do_not_move_each_other() {
-        use std::io::Seek;
-        let mut tmp = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut tmp, b"0123456789").unwrap();
-        let mut a = PositionedReader {
-            file: tmp.try_clone().unwrap(),
-            pos: 0,
-        };
-        let mut b = PositionedReader { file: tmp, pos: 0 };
-        let (mut x, mut y) = ([0u8; 4], [0u8; 4]);
-        a.read_exact(&mut x).unwrap();
-        b.read_exact(&mut y).unwrap();
-        assert_eq!((&x, &y), (b"0123", b"0123"));
-        a.read_exact(&mut x).unwrap();
-        assert_eq!(&x, b"4567");
-        assert_eq!(b.seek(io::SeekFrom::End(-2)).unwrap(), 8);
-        assert_eq!(b.seek(io::SeekFrom::Current(-1)).unwrap(), 7);
-        assert!(b.seek(io::SeekFrom::Current(-8)).is_err());
-        let mut rest = Vec::new();
-        b.read_to_end(&mut rest).unwrap();
-        assert_eq!(rest, b"789");
     }
 
     const USER: &str = "@alice:example.org";
