@@ -1,5 +1,6 @@
 //! Typed configuration, loaded from environment variables and validated before anything binds.
 
+mod load;
 mod vars;
 
 pub use vars::VARS;
@@ -277,165 +278,6 @@ fn err(var: &'static str, reason: impl Into<String>) -> ConfigError {
 }
 
 impl Config {
-    /// Loads the configuration from the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-
-    /// Loads the configuration from `get` (a variable name to its value), validating everything.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-
-        let bind = get("AGENT_BIND")
-            .unwrap_or_else(|| "127.0.0.1:8700".into())
-            .parse()
-            .map_err(|e| err("AGENT_BIND", format!("not a socket address: {e}")))?;
-
-        let token = get("AGENT_TOKEN").ok_or_else(|| err("AGENT_TOKEN", "is required"))?;
-        if token.chars().count() < 16 {
-            return Err(err("AGENT_TOKEN", "must be at least 16 characters"));
-        }
-        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(err(
-                "AGENT_TOKEN",
-                "must not contain whitespace or control characters",
-            ));
-        }
-
-        let workspace_root = absolute_path(
-            "WORKSPACE_ROOT",
-            get("WORKSPACE_ROOT").unwrap_or_else(|| "/workspace".into()),
-        )?;
-        let state_dir = absolute_path(
-            "AGENT_STATE_DIR",
-            get("AGENT_STATE_DIR").unwrap_or_else(|| "/var/lib/agent".into()),
-        )?;
-
-        let tool_policy = parse_policy(get("AGENT_TOOL_POLICY").as_deref().unwrap_or(""))?;
-
-        let defaults = Limits::default();
-        let duration = |var: &'static str, default: Duration| -> Result<Duration, ConfigError> {
-            match get(var) {
-                None => Ok(default),
-                Some(v) => {
-                    let d = humantime::parse_duration(v.trim())
-                        .map_err(|e| err(var, format!("not a duration like 20s or 5m: {e}")))?;
-                    if d.is_zero() {
-                        return Err(err(var, "must be greater than zero"));
-                    }
-                    Ok(d)
-                }
-            }
-        };
-        let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
-            match get(var) {
-                None => Ok(default),
-                Some(v) => match v.trim().parse::<usize>() {
-                    Ok(0) => Err(err(var, "must be greater than zero")),
-                    Ok(n) => Ok(n),
-                    Err(e) => Err(err(var, format!("not a whole number: {e}"))),
-                },
-            }
-        };
-        let brain = match get("AGENT_BRAIN").as_deref().unwrap_or("builtin") {
-            "builtin" => BrainConfig::Builtin,
-            "openai" => {
-                let base_url = get("OPENAI_BASE_URL")
-                    .ok_or_else(|| err("OPENAI_BASE_URL", "is required when AGENT_BRAIN=openai"))?;
-                if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-                    return Err(err(
-                        "OPENAI_BASE_URL",
-                        "must start with http:// or https://",
-                    ));
-                }
-                let model = get("OPENAI_MODEL")
-                    .ok_or_else(|| err("OPENAI_MODEL", "is required when AGENT_BRAIN=openai"))?;
-                let d = ModelTuning::default();
-                let rerun_when_changed = match get("OPENAI_REPEAT_CALLS").as_deref().map(str::trim)
-                {
-                    None | Some("when-changed") => true,
-                    Some("once") => false,
-                    Some(_) => {
-                        return Err(err("OPENAI_REPEAT_CALLS", "must be once or when-changed"));
-                    }
-                };
-                BrainConfig::OpenAi(OpenAiConfig {
-                    base_url: base_url.trim_end_matches('/').to_owned(),
-                    model,
-                    api_key: get("OPENAI_API_KEY").map(Secret::new),
-                    tuning: ModelTuning {
-                        connect_timeout: duration("OPENAI_CONNECT_TIMEOUT", d.connect_timeout)?,
-                        head_timeout: duration("OPENAI_HEAD_TIMEOUT", d.head_timeout)?,
-                        idle_timeout: duration("OPENAI_IDLE_TIMEOUT", d.idle_timeout)?,
-                        attempts: count("OPENAI_ATTEMPTS", d.attempts)?,
-                        max_tokens: u32::try_from(count(
-                            "OPENAI_MAX_TOKENS",
-                            d.max_tokens as usize,
-                        )?)
-                        .map_err(|_| err("OPENAI_MAX_TOKENS", "is too large"))?,
-                        max_rounds: count("OPENAI_MAX_ROUNDS", d.max_rounds)?,
-                        rerun_when_changed,
-                        history_chars: count("OPENAI_HISTORY_CHARS", d.history_chars)?,
-                    },
-                })
-            }
-            other => {
-                return Err(err(
-                    "AGENT_BRAIN",
-                    format!("unknown brain {other:?}, expected builtin or openai"),
-                ));
-            }
-        };
-
-        let limits = Limits {
-            handshake_timeout: duration("AGENT_HANDSHAKE_TIMEOUT", defaults.handshake_timeout)?,
-            ping_interval: duration("AGENT_PING_INTERVAL", defaults.ping_interval)?,
-            idle_timeout: duration("AGENT_IDLE_TIMEOUT", defaults.idle_timeout)?,
-            approval_timeout: duration("AGENT_APPROVAL_TIMEOUT", defaults.approval_timeout)?,
-            ask_timeout: duration("AGENT_ASK_TIMEOUT", defaults.ask_timeout)?,
-            delivery_timeout: duration("AGENT_DELIVERY_TIMEOUT", defaults.delivery_timeout)?,
-            max_file_size: match get("AGENT_MAX_FILE_SIZE") {
-                None => defaults.max_file_size,
-                Some(v) => v
-                    .trim()
-                    .parse::<bytesize::ByteSize>()
-                    .map_err(|e| {
-                        err(
-                            "AGENT_MAX_FILE_SIZE",
-                            format!("not a size like 100MiB: {e}"),
-                        )
-                    })?
-                    .as_u64(),
-            },
-            head_timeout: duration("AGENT_HEAD_TIMEOUT", defaults.head_timeout)?,
-            max_pending: count("AGENT_MAX_PENDING", defaults.max_pending)?,
-            max_pending_per_ip: count("AGENT_MAX_PENDING_PER_IP", defaults.max_pending_per_ip)?,
-        };
-        if limits.idle_timeout <= limits.ping_interval {
-            return Err(err(
-                "AGENT_IDLE_TIMEOUT",
-                "must be longer than AGENT_PING_INTERVAL",
-            ));
-        }
-
-        let test_hooks = match get("AGENT_TEST_HOOKS").as_deref().map(str::trim) {
-            None | Some("0" | "false") => false,
-            Some("1" | "true") => true,
-            Some(_) => return Err(err("AGENT_TEST_HOOKS", "must be 1 or 0")),
-        };
-
-        Ok(Self {
-            bind,
-            token: Secret::new(token),
-            workspace_root,
-            state_dir,
-            brain,
-            tool_policy,
-            limits,
-            test_hooks,
-        })
-    }
-
     /// A configuration for tests and embedding: builtin brain, default policies and limits.
     pub fn new(token: &str, workspace_root: PathBuf, state_dir: PathBuf) -> Self {
         Self {
@@ -451,49 +293,13 @@ impl Config {
     }
 }
 
-fn absolute_path(var: &'static str, value: String) -> Result<PathBuf, ConfigError> {
-    let path = PathBuf::from(value);
-    if !path.is_absolute() {
-        return Err(err(var, "must be an absolute path"));
-    }
-    Ok(path)
-}
-
-/// Parses `tool=policy,tool=policy` over the default policies.
-fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
-    const VAR: &str = "AGENT_TOOL_POLICY";
-    let mut policies = default_policies();
-    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (tool, policy) = item
-            .split_once('=')
-            .ok_or_else(|| err(VAR, format!("{item:?} is not tool=policy")))?;
-        let (tool, policy) = (tool.trim(), policy.trim());
-        let slot = policies.get_mut(tool).ok_or_else(|| {
-            err(
-                VAR,
-                format!(
-                    "unknown tool {tool:?}; known tools: {}",
-                    TOOL_NAMES.join(", ")
-                ),
-            )
-        })?;
-        *slot = policy.parse().map_err(|_| {
-            err(
-                VAR,
-                format!("unknown policy {policy:?} for {tool}; expected allow, ask or deny"),
-            )
-        })?;
-    }
-    Ok(policies)
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
     use super::*;
 
-    fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    fn load(vars: &[(&str, &str)]) -> Result<Config, settings::Problems<ConfigError>> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -559,7 +365,10 @@ mod tests {
                 "WORKSPACE_ROOT: must be an absolute path",
             ),
             (&[TOKEN, ("AGENT_BRAIN", "magic")], "AGENT_BRAIN:"),
-            (&[TOKEN, ("AGENT_BRAIN", "openai")], "OPENAI_BASE_URL:"),
+            (
+                &[TOKEN, ("AGENT_BRAIN", "openai"), ("OPENAI_MODEL", "m")],
+                "OPENAI_BASE_URL:",
+            ),
             (
                 &[
                     TOKEN,
@@ -603,9 +412,74 @@ mod tests {
             (&[TOKEN, ("AGENT_TEST_HOOKS", "yes")], "AGENT_TEST_HOOKS:"),
         ];
         for (vars, expected) in cases {
-            let e = load(vars).unwrap_err().to_string();
-            assert!(e.starts_with(expected), "{vars:?}: {e}");
+            let e = load(vars).unwrap_err();
+            assert_eq!(e.list().len(), 1, "{vars:?}: {e}");
+            assert!(e.to_string().starts_with(expected), "{vars:?}: {e}");
         }
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        // The variables at fault, in the order they are read; each is checked on its own.
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: &[Case] = &[
+            (
+                &[
+                    ("AGENT_BIND", "nope"),
+                    ("AGENT_TOKEN", "short"),
+                    ("AGENT_MAX_PENDING", "0"),
+                ],
+                &["AGENT_BIND", "AGENT_TOKEN", "AGENT_MAX_PENDING"],
+            ),
+            (
+                &[TOKEN, ("AGENT_BRAIN", "openai"), ("OPENAI_ATTEMPTS", "x")],
+                &["OPENAI_BASE_URL", "OPENAI_MODEL", "OPENAI_ATTEMPTS"],
+            ),
+            (
+                &[
+                    ("WORKSPACE_ROOT", "rel"),
+                    ("AGENT_STATE_DIR", "rel"),
+                    ("AGENT_TOOL_POLICY", "rm=allow"),
+                    ("AGENT_TEST_HOOKS", "yes"),
+                ],
+                &[
+                    "AGENT_TOKEN",
+                    "WORKSPACE_ROOT",
+                    "AGENT_STATE_DIR",
+                    "AGENT_TOOL_POLICY",
+                    "AGENT_TEST_HOOKS",
+                ],
+            ),
+            // A bad ping interval is one problem: the idle timeout is not compared with it.
+            (
+                &[
+                    TOKEN,
+                    ("AGENT_PING_INTERVAL", "often"),
+                    ("AGENT_IDLE_TIMEOUT", "1s"),
+                ],
+                &["AGENT_PING_INTERVAL"],
+            ),
+            (
+                &[
+                    TOKEN,
+                    ("AGENT_PING_INTERVAL", "30s"),
+                    ("AGENT_IDLE_TIMEOUT", "30s"),
+                ],
+                &["AGENT_IDLE_TIMEOUT"],
+            ),
+        ];
+        for (vars, expected) in cases {
+            let e = load(vars).unwrap_err();
+            let at_fault: Vec<&str> = e.list().iter().map(|p| p.var).collect();
+            assert_eq!(&at_fault, expected, "{vars:?}: {e}");
+        }
+        let e = load(cases[0].0).unwrap_err().to_string();
+        assert!(
+            e.starts_with("3 problems: AGENT_BIND: not a socket address")
+                && e.contains("; AGENT_TOKEN: must be at least 16 characters; ")
+                && e.ends_with("AGENT_MAX_PENDING: must be greater than zero"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! a brain whose tools are confined to the chat's part of the shared workspace.
 //!
 //! Module map, top to bottom; a module imports only modules listed below it:
+//! * [`doctor`]: `agent doctor`, the operator's checks of configuration, folders, address and
+//!   model server (pure verdicts over what it observed).
 //! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown; until a
 //!   connection upgrades it has a deadline and a place at the gate (caps per peer and overall).
 //! * [`session`]: one connection: handshake, acknowledging turns, replies, the turn worker.
@@ -29,6 +31,7 @@ pub mod config;
 pub mod confine;
 pub mod connection;
 pub mod describe;
+pub mod doctor;
 pub mod link;
 pub mod memory;
 pub mod metrics;

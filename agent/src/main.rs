@@ -1,7 +1,7 @@
 //! The agent binary: the command line and configuration (flags, environment, `--config` file),
-//! logging, bind, run until SIGINT/SIGTERM.
+//! logging, bind, run until SIGINT/SIGTERM; or `agent doctor`, the operator's checks.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use agent::config::VARS;
@@ -23,11 +23,26 @@ const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
 const ABOUT: &str = "The agent side of mxbridge: one conversation per chat, tools confined to \
                      the workspace, a builtin or OpenAI-compatible brain.";
 
+const SUBCOMMANDS: &[(&str, &str)] = &[(
+    "doctor",
+    "Checks the configuration, workspace, state and model server, one line per finding; exit 0 \
+     when all are ok",
+)];
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cmd = settings::command("agent", env!("CARGO_PKG_VERSION"), ABOUT, VARS, &[]);
+    let cmd = settings::command("agent", env!("CARGO_PKG_VERSION"), ABOUT, VARS, SUBCOMMANDS);
     let lookup = match settings::parse(cmd, VARS, std::env::args_os(), |k| std::env::var(k).ok()) {
-        Ok(settings::Invocation::Run(l) | settings::Invocation::Sub(_, l)) => l,
+        Ok(settings::Invocation::Run(l)) => l,
+        // `doctor`, the only subcommand: its report is its output, so no logging is set up.
+        Ok(settings::Invocation::Sub(_, l)) => {
+            let report = agent::doctor::doctor(|k| l.get(k)).await;
+            let mut stdout = std::io::stdout().lock();
+            for finding in &report.findings {
+                let _ = writeln!(stdout, "{finding}");
+            }
+            return ExitCode::from(report.exit_code);
+        }
         Err(settings::CliError::Clap(e)) => e.exit(),
         Err(e) => return settings::refuse("agent", &e),
     };

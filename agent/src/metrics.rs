@@ -2,7 +2,9 @@
 //! exporter (`GET /metrics`). Labels have a few fixed values each (outcomes, tool names),
 //! never a chat, room or user id.
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -21,6 +23,10 @@ pub const MODEL_REQUESTS: &str = "mxbridge_agent_model_requests_total";
 pub const TOKENS: &str = "mxbridge_agent_model_tokens_total";
 /// Time to the model server's answer head, seconds.
 pub const MODEL_SECONDS: &str = "mxbridge_agent_model_latency_seconds";
+/// Turns accepted but not started yet, all chats together.
+pub const QUEUE_DEPTH: &str = "mxbridge_agent_queue_depth";
+/// How long turns waited from being accepted to starting, seconds.
+pub const QUEUE_WAIT_SECONDS: &str = "mxbridge_agent_queue_wait_seconds";
 
 /// Buckets for the `_seconds` histograms: milliseconds (tools, a local model's first byte) to
 /// minutes (a long turn).
@@ -28,9 +34,14 @@ const BUCKETS: &[f64] = &[
     0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-/// Installs the process-wide recorder and describes every metric; `None` when one is
-/// installed already (several agents in one test process share the first).
+/// Installs the process-wide recorder once and describes every metric; several agents in one
+/// process (tests) share it. `None` when another recorder was installed first.
 pub fn install() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE.get_or_init(install_recorder).clone()
+}
+
+fn install_recorder() -> Option<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
         .ok()?
@@ -46,6 +57,15 @@ pub fn install() -> Option<PrometheusHandle> {
         MODEL_SECONDS,
         Unit::Seconds,
         "Time to the model's answer head."
+    );
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Turns accepted but not started yet, all chats together."
+    );
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        Unit::Seconds,
+        "How long turns waited from being accepted to starting."
     );
     Some(handle)
 }
@@ -73,4 +93,88 @@ pub fn model_request(outcome: &'static str, head: Option<Duration>) {
 pub fn tokens(prompt: u64, completion: u64) {
     metrics::counter!(TOKENS, "direction" => "in").increment(prompt);
     metrics::counter!(TOKENS, "direction" => "out").increment(completion);
+}
+
+/// The turns of every chat waiting to start: [`QUEUE_DEPTH`] follows it.
+pub static QUEUE: Queue = Queue::new();
+
+/// A count of waiting turns, kept next to the gauge so it can be read (and tested) without a
+/// recorder.
+#[derive(Debug)]
+pub struct Queue {
+    waiting: AtomicUsize,
+}
+
+impl Queue {
+    /// An empty queue.
+    pub const fn new() -> Self {
+        Self {
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// A turn was accepted: it counts as waiting until its ticket is used or dropped.
+    pub fn enter(&'static self) -> Queued {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(QUEUE_DEPTH).increment(1.0);
+        Queued {
+            queue: self,
+            since: Instant::now(),
+        }
+    }
+
+    /// Turns waiting now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One accepted turn's place in the [`Queue`]. Dropping it (the turn was replayed, cancelled,
+/// or its connection ended) only leaves the queue; [`Queued::started`] also records the wait.
+#[derive(Debug)]
+pub struct Queued {
+    queue: &'static Queue,
+    since: Instant,
+}
+
+impl Queued {
+    /// The turn starts now: records how long it waited, and leaves the queue.
+    pub fn started(self) -> Duration {
+        let waited = self.since.elapsed();
+        metrics::histogram!(QUEUE_WAIT_SECONDS).record(waited.as_secs_f64());
+        waited
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queue.waiting.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(QUEUE_DEPTH).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_waits_from_enter_until_it_starts_or_is_dropped() {
+        static Q: Queue = Queue::new();
+        let a = Q.enter();
+        let b = Q.enter();
+        let c = Q.enter();
+        assert_eq!(Q.waiting(), 3);
+        a.started();
+        assert_eq!(Q.waiting(), 2);
+        drop(b);
+        assert_eq!(Q.waiting(), 1, "a dropped ticket leaves the queue");
+        c.started();
+        assert_eq!(Q.waiting(), 0);
+    }
 }

@@ -63,7 +63,7 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// `url` without any `user:password@` part (a base URL may carry credentials).
-fn without_userinfo(url: &str) -> String {
+pub(crate) fn without_userinfo(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => {
             let host_start = rest.find('@').filter(|at| !rest[..*at].contains('/'));

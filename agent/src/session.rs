@@ -18,6 +18,7 @@ use self::worker::{Running, cancel_turn, turn_worker};
 use crate::chat::{Admission, Chat};
 use crate::connection::{CloseReason, Connection, Keepalive, Outbox};
 use crate::link::{Link, Replies};
+use crate::metrics::QUEUE;
 use crate::state::AppState;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
@@ -104,7 +105,7 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
         );
     }
     for id in unfinished {
-        let _ = turns_tx.send(id);
+        let _ = turns_tx.send((id, QUEUE.enter()));
     }
     let worker = app.tracker.spawn(
         turn_worker(
@@ -127,7 +128,7 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
             }
             ToAgent::UserMessage(m) => match admit(&chat, &out, &m).await {
                 Next::Run | Next::Replay => {
-                    let _ = turns_tx.send(m.id);
+                    let _ = turns_tx.send((m.id, QUEUE.enter()));
                 }
                 Next::Skip => {}
                 Next::Disconnect => break,

@@ -33,7 +33,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Tracks connection and turn tasks, so shutdown can wait for them.
     pub tracker: TaskTracker,
-    /// Renders `/metrics` (`None` when another agent in this process installed the recorder).
+    /// Renders `/metrics`; every agent in a process shares one recorder (`None` when another
+    /// library installed the process's recorder first).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 

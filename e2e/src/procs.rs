@@ -85,6 +85,16 @@ impl Child {
         Ok(())
     }
 
+    /// The same program with the same environment, for a one-off run (e.g. `surface doctor`).
+    pub fn command(&self) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.env_clear()
+            .envs(&self.env)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null());
+        cmd
+    }
+
     /// Sets (`Some`) or removes (`None`) an environment variable for the next [`Child::start`].
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
         match value {

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Arg, ArgAction, Command};
 
+/// The clap this crate builds on, for binaries that add subcommands with their own arguments.
+pub use clap;
+
 /// One setting: its environment variable, default (as the help shows it) and meaning.
 #[derive(Debug, Clone, Copy)]
 pub struct Var {
@@ -63,6 +66,7 @@ pub struct Lookup {
     flags: BTreeMap<String, String>,
     env: BTreeMap<String, String>,
     file: BTreeMap<String, String>,
+    args: BTreeMap<String, String>,
 }
 
 impl Lookup {
@@ -73,6 +77,11 @@ impl Lookup {
             .or_else(|| self.env.get(name))
             .or_else(|| self.file.get(name))
             .cloned()
+    }
+
+    /// The value of the subcommand's own argument `id` (e.g. `doctor --room`), if given.
+    pub fn arg(&self, id: &str) -> Option<&str> {
+        self.args.get(id).map(String::as_str)
     }
 }
 
@@ -85,6 +94,16 @@ pub enum CliError {
     /// The configuration file cannot be read.
     #[error("--config {path}: {source}")]
     Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A secret's `<NAME>_FILE` cannot be read.
+    #[error("{var}_FILE {path}: {source}")]
+    SecretFile {
+        /// The secret's variable.
+        var: &'static str,
         /// The file.
         path: PathBuf,
         /// Why.
@@ -113,6 +132,79 @@ pub fn refuse(bin: &str, problem: &dyn std::fmt::Display) -> std::process::ExitC
     eprintln!("{bin}: configuration: {problem}");
     std::process::ExitCode::from(CONFIG_EXIT)
 }
+
+/// Every problem found in a configuration, so an operator fixes them in one round instead of
+/// one per restart. Shown as one line: the problem itself when there is one, else
+/// `N problems: a; b; c`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problems<E>(Vec<E>);
+
+impl<E> Default for Problems<E> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<E> Problems<E> {
+    /// No problems yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of `r`, or `None` with its error recorded.
+    pub fn take<T>(&mut self, r: Result<T, E>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.0.push(e);
+                None
+            }
+        }
+    }
+
+    /// Records a problem.
+    pub fn push(&mut self, e: E) {
+        self.0.push(e);
+    }
+
+    /// `value` when nothing was recorded (and it is `Some`), else every problem.
+    ///
+    /// # Panics
+    /// Never on purpose: a `None` with no problem recorded is a bug in the caller, reported as
+    /// an empty `Problems` rather than a panic.
+    pub fn finish<T>(self, value: Option<T>) -> Result<T, Self> {
+        match value {
+            Some(v) if self.0.is_empty() => Ok(v),
+            _ => Err(self),
+        }
+    }
+
+    /// The problems, in the order found.
+    pub fn list(&self) -> &[E] {
+        &self.0
+    }
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Problems<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_slice() {
+            [] => f.write_str("invalid (no detail recorded)"),
+            [one] => one.fmt(f),
+            many => {
+                write!(f, "{} problems: ", many.len())?;
+                for (i, e) in many.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    e.fmt(f)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for Problems<E> {}
 
 /// The flag of a variable: `MATRIX_HOMESERVER_URL` → `matrix-homeserver-url`.
 pub fn flag_of(name: &str) -> String {
@@ -146,7 +238,8 @@ pub fn command(
     if !secrets.is_empty() {
         cmd = cmd.after_help(format!(
             "{PRECEDENCE}\n\nSecrets, from the environment or the --config file only (never \
-             flags, which other users can read in `ps`):\n{}",
+             flags, which other users can read in `ps`); `<NAME>_FILE` names a file holding the \
+             value instead (Docker and Kubernetes secrets):\n{}",
             secrets.join("\n")
         ));
     }
@@ -184,15 +277,45 @@ pub fn parse(
         }
         if let Some(v) = env(var.name) {
             lookup.env.insert(var.name.to_owned(), v);
+        } else if let Some(path) = var
+            .secret
+            .then(|| env(&format!("{}_FILE", var.name)))
+            .flatten()
+        {
+            lookup.env.insert(
+                var.name.to_owned(),
+                read_secret(var.name, Path::new(&path))?,
+            );
         }
     }
     if let Some(path) = matches.get_one::<String>("config") {
         lookup.file = read_file(Path::new(path), vars)?;
     }
-    Ok(match matches.subcommand_name() {
-        Some(sub) => Invocation::Sub(sub.to_owned(), lookup),
+    Ok(match matches.subcommand() {
+        Some((sub, sub_matches)) => {
+            for id in sub_matches.ids() {
+                if let Some(v) = sub_matches
+                    .try_get_one::<String>(id.as_str())
+                    .ok()
+                    .flatten()
+                {
+                    lookup.args.insert(id.as_str().to_owned(), v.clone());
+                }
+            }
+            Invocation::Sub(sub.to_owned(), lookup)
+        }
         None => Invocation::Run(lookup),
     })
+}
+
+/// A secret from its `<NAME>_FILE`: the file's text without its trailing line break.
+fn read_secret(var: &'static str, path: &Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::SecretFile {
+        var,
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
 }
 
 /// The settings in a TOML file: strings, numbers and booleans, keyed by variable name.
@@ -335,6 +458,16 @@ mod tests {
             "flag over env"
         );
         assert_eq!(l.get("NOT_A_SETTING"), None);
+
+        let with_args = cmd().subcommand(
+            Command::new("probe").arg(Arg::new("room").long("room").action(ArgAction::Set)),
+        );
+        let a = args(&["probe", "--room", "!r:hs"]);
+        let Invocation::Sub(sub, l) = parse(with_args, VARS, a, |_| None).unwrap() else {
+            panic!()
+        };
+        assert_eq!((sub.as_str(), l.arg("room")), ("probe", Some("!r:hs")));
+        assert_eq!(l.arg("sender"), None);
     }
 
     #[test]
@@ -348,6 +481,58 @@ mod tests {
         assert_eq!(ok["AGENT_BIND"], "8700");
         assert_eq!(ok["AGENT_TOKEN"], "true");
         assert!(parse_file("AGENT_BIND = ", VARS).unwrap_err()[0].contains("not valid TOML"));
+    }
+
+    #[test]
+    fn a_secret_can_come_from_a_file_but_the_variable_wins() {
+        let dir = tempfile_dir();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-a-secret-file\n").unwrap();
+        let path = file.to_str().unwrap().to_owned();
+        let env = |k: &str| match k {
+            "AGENT_TOKEN_FILE" | "AGENT_BIND_FILE" => Some(path.clone()),
+            _ => None,
+        };
+        let Invocation::Run(l) = parse(cmd(), VARS, args(&[]), env).unwrap() else {
+            panic!()
+        };
+        assert_eq!(l.get("AGENT_TOKEN").as_deref(), Some("from-a-secret-file"));
+        assert_eq!(
+            l.get("AGENT_BIND"),
+            None,
+            "only secrets have _FILE variants"
+        );
+        let env2 = |k: &str| match k {
+            "AGENT_TOKEN" => Some("direct".to_owned()),
+            "AGENT_TOKEN_FILE" => Some(path.clone()),
+            _ => None,
+        };
+        let Invocation::Run(l) = parse(cmd(), VARS, args(&[]), env2).unwrap() else {
+            panic!()
+        };
+        assert_eq!(l.get("AGENT_TOKEN").as_deref(), Some("direct"));
+        let missing = |k: &str| (k == "AGENT_TOKEN_FILE").then(|| "/nonexistent/t".to_owned());
+        let e = parse(cmd(), VARS, args(&[]), missing)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("AGENT_TOKEN_FILE /nonexistent/t: "), "{e}");
+    }
+
+    #[test]
+    fn problems_are_collected_and_shown_on_one_line() {
+        let mut p: Problems<String> = Problems::new();
+        assert_eq!(p.take(Ok::<_, String>(1)), Some(1));
+        assert_eq!(p.clone().finish(Some(5)), Ok(5));
+        assert_eq!(p.take(Err::<u8, _>("A is required".to_owned())), None);
+        assert_eq!(p.to_string(), "A is required");
+        p.push("B is invalid: no".to_owned());
+        assert_eq!(p.to_string(), "2 problems: A is required; B is invalid: no");
+        assert_eq!(p.clone().finish(Some(5)).unwrap_err().list().len(), 2);
+        let empty: Problems<String> = Problems::new();
+        assert!(
+            empty.finish(None::<u8>).is_err(),
+            "None without a problem is still an error"
+        );
     }
 
     fn tempfile_dir() -> PathBuf {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use matrix_sdk::ruma::{OwnedDeviceId, OwnedUserId};
+use settings::Problems;
 use url::Url;
 use wildmatch::WildMatch;
 
@@ -116,12 +117,15 @@ fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
 
 impl Config {
     /// Reads the configuration from the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
+    pub fn from_env() -> Result<Self, Problems<ConfigError>> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Reads the configuration through `get` (testable without touching the environment).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    /// Every variable is checked on its own, so all problems are reported at once.
+    pub fn from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, Problems<ConfigError>> {
         // Empty values count as unset: compose files often pass `VAR=`.
         let get = |name: &str| {
             get(name)
@@ -129,210 +133,121 @@ impl Config {
                 .filter(|v| !v.is_empty())
         };
         let required = |name: &'static str| get(name).ok_or(ConfigError::Missing(name));
+        let mut p = Problems::new();
 
-        let homeserver_url =
-            parse_http_url("MATRIX_HOMESERVER_URL", &required("MATRIX_HOMESERVER_URL")?)?;
-        let user_id: OwnedUserId = required("MATRIX_USER_ID")?
-            .parse()
-            .map_err(|e| invalid("MATRIX_USER_ID", format!("not a Matrix user id ({e})")))?;
-
-        let auth = match (get("MATRIX_ACCESS_TOKEN"), get("MATRIX_PASSWORD")) {
-            (Some(token), _) => {
-                let device =
-                    get("MATRIX_DEVICE_ID").ok_or(ConfigError::Missing("MATRIX_DEVICE_ID"))?;
-                Auth::Token {
-                    access_token: Secret::new(token),
-                    device_id: device.into(),
-                }
+        let homeserver_url = p.take(
+            required("MATRIX_HOMESERVER_URL")
+                .and_then(|raw| parse_http_url("MATRIX_HOMESERVER_URL", &raw)),
+        );
+        let user_id: Option<OwnedUserId> = p.take(required("MATRIX_USER_ID").and_then(|v| {
+            v.parse()
+                .map_err(|e| invalid("MATRIX_USER_ID", format!("not a Matrix user id ({e})")))
+        }));
+        let auth = p.take(auth(
+            get("MATRIX_ACCESS_TOKEN"),
+            get("MATRIX_DEVICE_ID"),
+            get("MATRIX_PASSWORD"),
+        ));
+        let agent_url = p.take(required("AGENT_URL").and_then(|raw| agent_url(&raw)));
+        let agent_token = p.take(required("AGENT_TOKEN").and_then(|t| {
+            if t.chars().count() < 16 {
+                Err(invalid("AGENT_TOKEN", "must be at least 16 characters"))
+            } else {
+                Ok(Secret::new(t))
             }
-            (None, Some(password)) => Auth::Password(Secret::new(password)),
-            (None, None) => {
-                return Err(invalid(
-                    "MATRIX_ACCESS_TOKEN",
-                    "set MATRIX_ACCESS_TOKEN + MATRIX_DEVICE_ID, or MATRIX_PASSWORD",
-                ));
-            }
-        };
-
-        let agent_url_raw = required("AGENT_URL")?;
-        let agent_url =
-            Url::parse(&agent_url_raw).map_err(|e| invalid("AGENT_URL", e.to_string()))?;
-        if !matches!(agent_url.scheme(), "ws" | "wss") || agent_url.host().is_none() {
-            return Err(invalid(
-                "AGENT_URL",
-                "must be a ws:// or wss:// URL with a host",
-            ));
-        }
-
-        let agent_token = required("AGENT_TOKEN")?;
-        if agent_token.chars().count() < 16 {
-            return Err(invalid("AGENT_TOKEN", "must be at least 16 characters"));
-        }
-
-        let workspace_root = absolute_path(
+        }));
+        let workspace_root = p.take(absolute_path(
             "WORKSPACE_ROOT",
             get("WORKSPACE_ROOT").unwrap_or_else(|| "/workspace".into()),
-        )?;
-        let state_dir = absolute_path(
+        ));
+        let state_dir = p.take(absolute_path(
             "SURFACE_STATE_DIR",
             get("SURFACE_STATE_DIR").unwrap_or_else(|| "/var/lib/surface".into()),
-        )?;
-
-        let allowed_users = match get("SURFACE_ALLOWED_USERS") {
-            Some(list) => {
-                let globs = glob_list(&list);
-                if globs.is_empty() {
-                    return Err(invalid("SURFACE_ALLOWED_USERS", "no patterns given"));
-                }
-                if let Some(bad) = globs
-                    .iter()
-                    .find(|g| !g.starts_with('@') && !g.starts_with('*'))
-                {
-                    return Err(invalid(
-                        "SURFACE_ALLOWED_USERS",
-                        format!("pattern {bad:?} cannot match a user id (must start with @ or *)"),
-                    ));
-                }
-                globs
-            }
-            None => vec![format!("@*:{}", user_id.server_name())],
-        };
-
-        let allowed_rooms = match get("SURFACE_ALLOWED_ROOMS") {
-            None => vec!["*".to_owned()],
-            Some(list) => {
-                let globs = glob_list(&list);
-                if globs.is_empty() {
-                    return Err(invalid("SURFACE_ALLOWED_ROOMS", "no patterns given"));
-                }
-                if let Some(bad) = globs.iter().find(|g| !g.starts_with(['!', '#', '*'])) {
-                    return Err(invalid(
-                        "SURFACE_ALLOWED_ROOMS",
-                        format!("pattern {bad:?} cannot match a room (must start with !, # or *)"),
-                    ));
-                }
-                globs
-            }
-        };
+        ));
+        let allowed_users = p.take(allowed_users(
+            get("SURFACE_ALLOWED_USERS"),
+            user_id.as_ref().map(|u| u.server_name().as_str()),
+        ));
+        let allowed_rooms = p.take(allowed_rooms(get("SURFACE_ALLOWED_ROOMS")));
         let bot_users = get("SURFACE_BOT_USERS")
             .map(|l| glob_list(&l))
             .unwrap_or_default();
-        let max_bot_turns = match get("SURFACE_MAX_BOT_TURNS") {
-            None => DEFAULT_MAX_BOT_TURNS,
+        let max_bot_turns = p.take(match get("SURFACE_MAX_BOT_TURNS") {
+            None => Ok(DEFAULT_MAX_BOT_TURNS),
             Some(v) => v
-                .trim()
                 .parse()
-                .map_err(|_| invalid("SURFACE_MAX_BOT_TURNS", "must be a whole number"))?,
-        };
-
-        let max_file_size = match get("SURFACE_MAX_FILE_SIZE") {
-            Some(v) => v
-                .parse::<bytesize::ByteSize>()
-                .map_err(|e| invalid("SURFACE_MAX_FILE_SIZE", e))?
-                .as_u64(),
-            None => 100 * 1024 * 1024,
-        };
-        if max_file_size == 0 {
-            return Err(invalid("SURFACE_MAX_FILE_SIZE", "must be greater than 0"));
-        }
-
-        let ffmpeg = match get("SURFACE_FFMPEG").as_deref() {
-            Some("off") => None,
-            Some(path) => {
-                let path = PathBuf::from(path);
-                if !is_executable(&path) {
-                    return Err(invalid(
-                        "SURFACE_FFMPEG",
-                        "not an executable file (or `off`)",
-                    ));
-                }
-                Some(path)
-            }
-            None => get("PATH").and_then(|p| {
-                std::env::split_paths(&p)
-                    .map(|d| d.join("ffmpeg"))
-                    .find(|f| is_executable(f))
-            }),
-        };
-
-        let show_tool_calls = match get("SURFACE_SHOW_TOOL_CALLS").as_deref() {
-            None => false,
+                .map_err(|_| invalid("SURFACE_MAX_BOT_TURNS", "must be a whole number")),
+        });
+        let max_file_size = p.take(max_file_size(get("SURFACE_MAX_FILE_SIZE")));
+        let ffmpeg = p.take(ffmpeg(get("SURFACE_FFMPEG"), get("PATH")));
+        let show_tool_calls = p.take(match get("SURFACE_SHOW_TOOL_CALLS").as_deref() {
+            None => Ok(false),
             Some(v) => parse_bool(v)
-                .ok_or_else(|| invalid("SURFACE_SHOW_TOOL_CALLS", "expected true or false"))?,
-        };
-
-        let health_bind = get("SURFACE_HEALTH_BIND")
-            .unwrap_or_else(|| "127.0.0.1:8701".into())
-            .parse::<SocketAddr>()
-            .map_err(|e| invalid("SURFACE_HEALTH_BIND", format!("expected host:port ({e})")))?;
-
-        let inbox_retention = match get("SURFACE_INBOX_RETENTION").as_deref() {
-            None | Some("forever") => None,
-            Some(v) => {
-                let d = humantime::parse_duration(v).map_err(|e| {
-                    invalid(
-                        "SURFACE_INBOX_RETENTION",
-                        format!("{e} (e.g. 30d or forever)"),
-                    )
-                })?;
+                .ok_or_else(|| invalid("SURFACE_SHOW_TOOL_CALLS", "expected true or false")),
+        });
+        let health_bind = p.take(
+            get("SURFACE_HEALTH_BIND")
+                .unwrap_or_else(|| "127.0.0.1:8701".into())
+                .parse::<SocketAddr>()
+                .map_err(|e| invalid("SURFACE_HEALTH_BIND", format!("expected host:port ({e})"))),
+        );
+        let inbox_retention = p.take(match get("SURFACE_INBOX_RETENTION").as_deref() {
+            None | Some("forever") => Ok(None),
+            Some(v) => duration("SURFACE_INBOX_RETENTION", v, "30d or forever").and_then(|d| {
                 if d.is_zero() {
-                    return Err(invalid("SURFACE_INBOX_RETENTION", "must be longer than 0"));
+                    Err(invalid("SURFACE_INBOX_RETENTION", "must be longer than 0"))
+                } else {
+                    Ok(Some(d))
                 }
-                Some(d)
-            }
-        };
-
-        let offline_notice_after =
-            match get("SURFACE_OFFLINE_NOTICE").as_deref() {
-                Some("off") => None,
-                None => Some(Duration::from_secs(120)),
-                Some(v) => Some(humantime::parse_duration(v).map_err(|e| {
-                    invalid("SURFACE_OFFLINE_NOTICE", format!("{e} (e.g. 2m or off)"))
-                })?),
-            };
-
-        let key_wait = match get("SURFACE_KEY_WAIT") {
-            None => DEFAULT_KEY_WAIT,
-            Some(v) => humantime::parse_duration(&v)
-                .map_err(|e| invalid("SURFACE_KEY_WAIT", format!("{e} (e.g. 60s)")))?,
-        };
-        let stream_interval = match get("SURFACE_STREAM_EDITS").as_deref() {
-            Some("off") => None,
-            None => Some(DEFAULT_STREAM_INTERVAL),
-            Some(v) => {
-                let d = humantime::parse_duration(v).map_err(|e| {
-                    invalid("SURFACE_STREAM_EDITS", format!("{e} (e.g. 2s or off)"))
-                })?;
+            }),
+        });
+        let offline_notice_after = p.take(match get("SURFACE_OFFLINE_NOTICE").as_deref() {
+            Some("off") => Ok(None),
+            None => Ok(Some(Duration::from_secs(120))),
+            Some(v) => duration("SURFACE_OFFLINE_NOTICE", v, "2m or off").map(Some),
+        });
+        let key_wait = p.take(match get("SURFACE_KEY_WAIT") {
+            None => Ok(DEFAULT_KEY_WAIT),
+            Some(v) => duration("SURFACE_KEY_WAIT", &v, "60s"),
+        });
+        let stream_interval = p.take(match get("SURFACE_STREAM_EDITS").as_deref() {
+            Some("off") => Ok(None),
+            None => Ok(Some(DEFAULT_STREAM_INTERVAL)),
+            Some(v) => duration("SURFACE_STREAM_EDITS", v, "2s or off").and_then(|d| {
                 if d < Duration::from_millis(200) {
-                    return Err(invalid("SURFACE_STREAM_EDITS", "must be at least 200ms"));
+                    Err(invalid("SURFACE_STREAM_EDITS", "must be at least 200ms"))
+                } else {
+                    Ok(Some(d))
                 }
-                Some(d)
-            }
-        };
+            }),
+        });
         let recovery_key = get("MATRIX_RECOVERY_KEY").map(Secret::new);
 
-        Ok(Self {
-            homeserver_url,
-            user_id,
-            auth,
-            agent_url,
-            agent_token: Secret::new(agent_token),
-            workspace_root,
-            state_dir,
-            allowed_users,
-            allowed_rooms,
-            bot_users,
-            max_bot_turns,
-            max_file_size,
-            ffmpeg,
-            show_tool_calls,
-            health_bind,
-            inbox_retention,
-            offline_notice_after,
-            key_wait,
-            stream_interval,
-            recovery_key,
-        })
+        let built = (|| {
+            Some(Self {
+                homeserver_url: homeserver_url?,
+                user_id: user_id?,
+                auth: auth?,
+                agent_url: agent_url?,
+                agent_token: agent_token?,
+                workspace_root: workspace_root?,
+                state_dir: state_dir?,
+                allowed_users: allowed_users?,
+                allowed_rooms: allowed_rooms?,
+                bot_users,
+                max_bot_turns: max_bot_turns?,
+                max_file_size: max_file_size?,
+                ffmpeg: ffmpeg?,
+                show_tool_calls: show_tool_calls?,
+                health_bind: health_bind?,
+                inbox_retention: inbox_retention?,
+                offline_notice_after: offline_notice_after?,
+                key_wait: key_wait?,
+                stream_interval: stream_interval?,
+                recovery_key,
+            })
+        })();
+        p.finish(built)
     }
 
     /// Whether the room `room_id`, or one of its `aliases`, matches an allowed-room glob.
@@ -364,6 +279,117 @@ impl Config {
 }
 
 /// Splits a comma-separated list of globs, dropping empty entries.
+fn auth(
+    token: Option<String>,
+    device: Option<String>,
+    password: Option<String>,
+) -> Result<Auth, ConfigError> {
+    match (token, password) {
+        (Some(token), _) => Ok(Auth::Token {
+            access_token: Secret::new(token),
+            device_id: device
+                .ok_or(ConfigError::Missing("MATRIX_DEVICE_ID"))?
+                .into(),
+        }),
+        (None, Some(password)) => Ok(Auth::Password(Secret::new(password))),
+        (None, None) => Err(invalid(
+            "MATRIX_ACCESS_TOKEN",
+            "set MATRIX_ACCESS_TOKEN + MATRIX_DEVICE_ID, or MATRIX_PASSWORD",
+        )),
+    }
+}
+
+fn agent_url(raw: &str) -> Result<Url, ConfigError> {
+    let url = Url::parse(raw).map_err(|e| invalid("AGENT_URL", e.to_string()))?;
+    if !matches!(url.scheme(), "ws" | "wss") || url.host().is_none() {
+        return Err(invalid(
+            "AGENT_URL",
+            "must be a ws:// or wss:// URL with a host",
+        ));
+    }
+    Ok(url)
+}
+
+/// `SURFACE_ALLOWED_USERS`, or everyone on the bot's own server (`server`: `None` when
+/// `MATRIX_USER_ID` is itself a problem, reported on its own).
+fn allowed_users(list: Option<String>, server: Option<&str>) -> Result<Vec<String>, ConfigError> {
+    let Some(list) = list else {
+        return Ok(server.map(|s| vec![format!("@*:{s}")]).unwrap_or_default());
+    };
+    let globs = glob_list(&list);
+    if globs.is_empty() {
+        return Err(invalid("SURFACE_ALLOWED_USERS", "no patterns given"));
+    }
+    if let Some(bad) = globs
+        .iter()
+        .find(|g| !g.starts_with('@') && !g.starts_with('*'))
+    {
+        return Err(invalid(
+            "SURFACE_ALLOWED_USERS",
+            format!("pattern {bad:?} cannot match a user id (must start with @ or *)"),
+        ));
+    }
+    Ok(globs)
+}
+
+fn allowed_rooms(list: Option<String>) -> Result<Vec<String>, ConfigError> {
+    let Some(list) = list else {
+        return Ok(vec!["*".to_owned()]);
+    };
+    let globs = glob_list(&list);
+    if globs.is_empty() {
+        return Err(invalid("SURFACE_ALLOWED_ROOMS", "no patterns given"));
+    }
+    if let Some(bad) = globs.iter().find(|g| !g.starts_with(['!', '#', '*'])) {
+        return Err(invalid(
+            "SURFACE_ALLOWED_ROOMS",
+            format!("pattern {bad:?} cannot match a room (must start with !, # or *)"),
+        ));
+    }
+    Ok(globs)
+}
+
+fn max_file_size(v: Option<String>) -> Result<u64, ConfigError> {
+    let size = match v {
+        Some(v) => v
+            .parse::<bytesize::ByteSize>()
+            .map_err(|e| invalid("SURFACE_MAX_FILE_SIZE", e))?
+            .as_u64(),
+        None => 100 * 1024 * 1024,
+    };
+    if size == 0 {
+        return Err(invalid("SURFACE_MAX_FILE_SIZE", "must be greater than 0"));
+    }
+    Ok(size)
+}
+
+/// `SURFACE_FFMPEG`: a path, `off`, or (unset) `ffmpeg` on `PATH` if there is one.
+fn ffmpeg(v: Option<String>, path: Option<String>) -> Result<Option<PathBuf>, ConfigError> {
+    match v.as_deref() {
+        Some("off") => Ok(None),
+        Some(file) => {
+            let file = PathBuf::from(file);
+            if is_executable(&file) {
+                Ok(Some(file))
+            } else {
+                Err(invalid(
+                    "SURFACE_FFMPEG",
+                    "not an executable file (or `off`)",
+                ))
+            }
+        }
+        None => Ok(path.and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("ffmpeg"))
+                .find(|f| is_executable(f))
+        })),
+    }
+}
+
+fn duration(var: &'static str, v: &str, example: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(v).map_err(|e| invalid(var, format!("{e} (e.g. {example})")))
+}
+
 fn glob_list(list: &str) -> Vec<String> {
     list.split(',')
         .map(str::trim)
@@ -421,8 +447,40 @@ mod tests {
         ])
     }
 
-    fn load(env: &HashMap<&'static str, String>) -> Result<Config, ConfigError> {
+    fn load(env: &HashMap<&'static str, String>) -> Result<Config, Problems<ConfigError>> {
         Config::from_lookup(|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let mut env = base();
+        env.remove("MATRIX_HOMESERVER_URL");
+        env.insert("AGENT_TOKEN", "short".to_owned());
+        env.insert("SURFACE_KEY_WAIT", "soon".to_owned());
+        env.insert("SURFACE_ALLOWED_ROOMS", "general".to_owned());
+        let problems = load(&env).unwrap_err();
+        let vars: Vec<&str> = problems
+            .list()
+            .iter()
+            .map(|p| match p {
+                ConfigError::Missing(v) | ConfigError::Invalid { var: v, .. } => *v,
+            })
+            .collect();
+        assert_eq!(
+            vars,
+            [
+                "MATRIX_HOMESERVER_URL",
+                "AGENT_TOKEN",
+                "SURFACE_ALLOWED_ROOMS",
+                "SURFACE_KEY_WAIT"
+            ]
+        );
+        let line = problems.to_string();
+        assert!(
+            line.starts_with("4 problems: MATRIX_HOMESERVER_URL is required"),
+            "{line}"
+        );
+        assert!(!line.contains("short"), "no secret echoed: {line}");
     }
 
     #[test]
@@ -585,8 +643,8 @@ mod tests {
         let mut env = base();
         env.insert("MATRIX_ACCESS_TOKEN", "syt_secret_token".to_owned());
         assert_eq!(
-            load(&env).unwrap_err(),
-            ConfigError::Missing("MATRIX_DEVICE_ID")
+            load(&env).unwrap_err().list(),
+            [ConfigError::Missing("MATRIX_DEVICE_ID")]
         );
         env.insert("MATRIX_DEVICE_ID", "DEV1".to_owned());
         let c = load(&env).unwrap();

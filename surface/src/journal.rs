@@ -12,10 +12,13 @@
 //! `handled`.
 
 mod edits;
+mod inspect;
 mod redactions;
 mod sends;
 mod settings;
 mod undecrypted;
+
+pub use inspect::RoomView;
 
 use std::path::Path;
 use std::sync::Mutex;

@@ -7,6 +7,7 @@ pub mod config;
 pub mod connection;
 pub mod context;
 pub mod decide;
+pub mod doctor;
 pub mod event;
 pub mod filename;
 pub mod health;

@@ -3,6 +3,8 @@
 //! generated schemas.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
@@ -28,6 +30,8 @@ const MAX_REPEATS: usize = 2;
 pub struct OpenAi {
     config: OpenAiConfig,
     http: reqwest::Client,
+    /// The server answered 400 to `stream_options` (it predates the field): not sent again.
+    stream_options_refused: Arc<AtomicBool>,
 }
 
 impl OpenAi {
@@ -38,7 +42,11 @@ impl OpenAi {
             .user_agent(concat!("mxbridge-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .unwrap_or_default();
-        Self { config, http }
+        Self {
+            config,
+            http,
+            stream_options_refused: Arc::default(),
+        }
     }
 }
 
@@ -192,7 +200,8 @@ impl OpenAi {
         messages
     }
 
-    /// One streamed completion; answer text is passed on to the surface as it arrives.
+    /// One streamed completion; answer text is passed on to the surface as it arrives. The
+    /// server is asked to report token usage at the end of the stream.
     async fn complete(
         &self,
         messages: &[Value],
@@ -208,7 +217,17 @@ impl OpenAi {
         if !tools.is_empty() {
             body["tools"] = Value::from(tools.to_vec());
         }
-        request::complete(&self.http, &self.config, &body, io).await
+        if !self.stream_options_refused.load(Ordering::Relaxed) {
+            body["stream_options"] = json!({ "include_usage": true });
+        }
+        request::complete(
+            &self.http,
+            &self.config,
+            &body,
+            io,
+            &self.stream_options_refused,
+        )
+        .await
     }
 }
 

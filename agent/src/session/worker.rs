@@ -15,6 +15,7 @@ use crate::chat::Chat;
 use crate::confine::{ChatScope, ScopedWorkspace};
 use crate::connection::Outbox;
 use crate::link::Link;
+use crate::metrics::Queued;
 use crate::state::AppState;
 use crate::store::TurnStatus;
 use crate::turn::TurnIo;
@@ -56,22 +57,23 @@ pub(super) async fn cancel_turn(chat: &Chat, out: &Outbox, running: &Running, tu
     }
 }
 
-/// Runs the connection's queued turns one after the other, holding the chat's lane.
+/// Runs the connection's queued turns one after the other, holding the chat's lane. Each turn
+/// keeps its place in the process-wide queue ([`Queued`]) until it starts.
 pub(super) async fn turn_worker(
     app: AppState,
     chat: Arc<Chat>,
     link: Link,
-    mut turns: mpsc::UnboundedReceiver<String>,
+    mut turns: mpsc::UnboundedReceiver<(String, Queued)>,
     cancel: CancellationToken,
     running: Running,
 ) {
     // A turn resumed at connect and resent by the surface is queued twice: run it once.
     let mut seen = HashSet::new();
     loop {
-        let id = tokio::select! {
+        let (id, queued) = tokio::select! {
             _ = cancel.cancelled() => return,
-            id = turns.recv() => match id {
-                Some(id) => id,
+            next = turns.recv() => match next {
+                Some(next) => next,
                 None => return,
             },
         };
@@ -82,7 +84,7 @@ pub(super) async fn turn_worker(
             _ = cancel.cancelled() => return,
             guard = chat.lane.lock() => guard,
         };
-        run_turn(&app, &chat, &link, &id, &cancel, &running).await;
+        run_turn(&app, &chat, &link, &id, queued, &cancel, &running).await;
     }
 }
 
@@ -92,12 +94,15 @@ async fn run_turn(
     chat: &Arc<Chat>,
     link: &Link,
     id: &str,
+    queued: Queued,
     conn_cancel: &CancellationToken,
     running: &Running,
 ) {
     let (turn, history, room_id) = match chat.begin(id).await {
         Ok(Some(begun)) => begun,
         Ok(None) => {
+            // Finished already: its answer is sent again; it does not run, so no wait counts.
+            drop(queued);
             replay(chat, link, id).await;
             return;
         }
@@ -107,9 +112,11 @@ async fn run_turn(
             return;
         }
     };
+    let waited = queued.started();
     info!(
         seq = turn.seq,
         attachments = turn.attachments.len(),
+        waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
         "turn starts"
     );
     let scope = ChatScope::new(chat.id.clone(), room_id.as_deref());

@@ -6,10 +6,12 @@
 mod admission;
 mod confinement;
 mod connection;
+mod doctor;
 mod fuzz;
 mod history_cost;
 mod hostile;
 mod memory;
+mod metrics;
 mod model_faults;
 mod openai;
 mod persistence;

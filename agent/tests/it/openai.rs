@@ -301,3 +301,79 @@ async fn the_model_learns_when_a_file_did_not_reach_the_room() {
         "never told it was sent: {second}"
     );
 }
+
+#[tokio::test]
+async fn usage_in_the_last_chunk_is_counted_as_tokens() {
+    // As OpenAI (and llama.cpp, asked with `include_usage`) send it: a last chunk with no
+    // choices. The amounts are unique in this test process, whose recorder all agents share.
+    let fake = Fake::default();
+    let base = fake
+        .start(vec![sse(&[
+            json!({"choices":[{"delta":{"content":"Counted."}}]}),
+            json!({"choices":[{"delta":{},"finish_reason":"stop"}],"usage":null}),
+            json!({"choices":[],"usage":{"prompt_tokens":7_000_003,"completion_tokens":3_000_001,"total_tokens":10_000_004}}),
+        ])])
+        .await;
+    let agent = agent_with(base).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let t = c.turn(message(1, "$u1", "count me")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
+    assert_eq!(t.text(), "Counted.");
+    let first = fake.requests.lock().unwrap()[0].1.clone();
+    assert_eq!(first["stream_options"], json!({"include_usage": true}));
+    let m = agent.metrics().await;
+    let tokens = |direction: &str| {
+        metric(
+            &m,
+            &format!("mxbridge_agent_model_tokens_total{{direction=\"{direction}\"}}"),
+        )
+    };
+    assert!(tokens("in") >= 7_000_003.0, "{m}");
+    assert!(tokens("out") >= 3_000_001.0, "{m}");
+}
+
+#[tokio::test]
+async fn a_server_refusing_stream_options_is_asked_without_them_from_then_on() {
+    // An older or strict server: 400 for the unknown field, as OpenAI-compatible servers word it.
+    let bodies: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let seen = bodies.clone();
+    let router = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move |Json(body): Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                let strict = body.get("stream_options").is_some();
+                seen.lock().unwrap().push(body);
+                if strict {
+                    let refusal = json!({"error":{"message":"Unrecognized request argument supplied: stream_options","type":"invalid_request_error"}});
+                    return (axum::http::StatusCode::BAD_REQUEST, Json(refusal)).into_response();
+                }
+                let answer = sse(&[
+                    json!({"choices":[{"delta":{"content":"Fine."},"finish_reason":"stop"}]}),
+                ]);
+                ([("content-type", "text/event-stream")], answer).into_response()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let agent = agent_with(base).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    for (seq, id) in [(1, "$s1"), (2, "$s2")] {
+        let t = c.turn(message(seq, id, "hi")).await;
+        assert_eq!(t.end().status, EndStatus::Completed, "{t:?}");
+        assert_eq!(t.text(), "Fine.");
+    }
+    let asked: Vec<bool> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| b.get("stream_options").is_some())
+        .collect();
+    assert_eq!(
+        asked,
+        [true, false, false],
+        "asked again without them once, and remembered"
+    );
+}

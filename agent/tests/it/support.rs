@@ -112,6 +112,18 @@ impl TestAgent {
         }
     }
 
+    /// The agent's `/metrics` (Prometheus text). The recorder is the test process's: every
+    /// agent in it serves the same counters, so tests compare with `>=` and unique amounts.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.addr);
+        let response = tokio::time::timeout(DEADLINE, reqwest::get(url))
+            .await
+            .expect("/metrics within the deadline")
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        response.text().await.unwrap()
+    }
+
     /// Connects and completes the handshake.
     pub async fn connect(&self, chat: &ChatId) -> (Client, Welcome) {
         let mut c = self.connect_raw(chat).await;
@@ -153,6 +165,14 @@ pub async fn refused_status(url: &str, token: Option<&str>, origin: Option<&str>
         Ok(_) => panic!("connection to {url} was accepted"),
         Err(e) => panic!("unexpected error: {e}"),
     }
+}
+
+/// The value of one series (`name` or `name{labels}`) in Prometheus text; 0 when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
 }
 
 pub fn chat() -> ChatId {

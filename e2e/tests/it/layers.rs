@@ -27,7 +27,7 @@ const SURFACE: &[&[&str]] = &[
     &["agent_link", "media", "outbox", "retention", "session"],
     &["waits"],
     &["context"],
-    &["send"],
+    &["doctor", "send"],
     &["prompts"],
     &["lanes"],
     &["ingest", "outbound"],
@@ -53,6 +53,7 @@ const AGENT: &[&[&str]] = &[
     &["state"],
     &["session"],
     &["server"],
+    &["doctor"],
 ];
 
 /// `crate::<module>` names a file's code mentions (comments and doc links aside).

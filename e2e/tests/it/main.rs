@@ -6,6 +6,7 @@
 
 mod cli;
 mod conversation;
+mod doctor;
 mod encrypted;
 mod faults;
 mod files_in;

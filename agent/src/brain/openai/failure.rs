@@ -118,6 +118,13 @@ pub fn classify(status: u16, body: &str, said: &str) -> Failure {
     }
 }
 
+/// Whether `failure` is a server refusing the request's `stream_options` field (servers
+/// older than it validate strictly: vLLM's `extra_forbidden`, proxies' "unknown field").
+pub fn refuses_stream_options(failure: &Failure) -> bool {
+    matches!(failure, Failure::Server { status: 400 | 422, said }
+        if said.to_ascii_lowercase().contains("stream_options"))
+}
+
 /// How long a `Retry-After` header asks to wait (seconds, or an HTTP date), if it is sane.
 pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
     let value = value.trim();
@@ -223,6 +230,36 @@ mod tests {
             all.iter().map(|f| f.message("qwen")).collect();
         assert_eq!(texts.len(), all.len());
         assert!(Failure::ModelNotFound.message("qwen").contains("\"qwen\""));
+    }
+
+    #[test]
+    fn a_refused_stream_options_field_is_recognized() {
+        let server = |status: u16, said: &str| Failure::Server {
+            status,
+            said: said.into(),
+        };
+        let cases = [
+            (
+                server(
+                    400,
+                    "Unrecognized request argument supplied: stream_options",
+                ),
+                true,
+            ),
+            (
+                server(
+                    422,
+                    "[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options')}]",
+                ),
+                true,
+            ),
+            (server(400, "bad tool schema"), false),
+            (server(500, "stream_options broke me"), false),
+            (Failure::ContextTooLong, false),
+        ];
+        for (failure, want) in cases {
+            assert_eq!(refuses_stream_options(&failure), want, "{failure:?}");
+        }
     }
 
     #[test]

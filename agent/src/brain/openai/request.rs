@@ -1,8 +1,10 @@
 //! One completion request: sent with a deadline for the response head, tried again while the
 //! server is unreachable, rate limiting (honouring `Retry-After`) or failing with a 5xx —
 //! only before anything was streamed, so no answer is ever shown twice — then its stream read
-//! with an idle deadline between chunks, answer text passed on as it arrives.
+//! with an idle deadline between chunks, answer text passed on as it arrives. A server that
+//! refuses `stream_options` (older than the field) is asked again without it, once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use backon::{ExponentialBuilder, Retryable};
@@ -11,7 +13,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tracing::warn;
 
-use super::failure::{Failure, classify, retry_after};
+use super::failure::{Failure, classify, refuses_stream_options, retry_after};
 use super::stream::{self, Assembler, Ending};
 use crate::brain::BrainError;
 use crate::config::OpenAiConfig;
@@ -28,19 +30,36 @@ struct Attempt {
 }
 
 /// Sends `body` and streams the completion into an [`Assembler`], saying answer text through
-/// `io` as it comes.
+/// `io` as it comes. When the server refuses the body's `stream_options`, it is sent again
+/// without them and `stream_options_refused` is set, so later requests leave them out.
 pub(super) async fn complete(
     http: &reqwest::Client,
     config: &OpenAiConfig,
     body: &Value,
     io: &mut TurnIo,
+    stream_options_refused: &AtomicBool,
 ) -> Result<Assembler, BrainError> {
     let fail = |f: Failure| {
         crate::metrics::model_request(f.label(), None);
         BrainError::Model(f.message(&config.model))
     };
     let asked = std::time::Instant::now();
-    let response = send(http, config, body).await.map_err(fail)?;
+    let response = match send(http, config, body).await {
+        Err(f) if body.get("stream_options").is_some() && refuses_stream_options(&f) => {
+            warn!(
+                "the model server refuses stream_options; asking without them from now on \
+                 (token usage is counted only if the server reports it unasked)"
+            );
+            stream_options_refused.store(true, Ordering::Relaxed);
+            let mut plain = body.clone();
+            if let Some(fields) = plain.as_object_mut() {
+                fields.remove("stream_options");
+            }
+            send(http, config, &plain).await
+        }
+        sent => sent,
+    }
+    .map_err(fail)?;
     let head = asked.elapsed();
     let tuning = &config.tuning;
     let mut events = response.bytes_stream().eventsource();
@@ -66,7 +85,7 @@ pub(super) async fn complete(
         )));
     }
     crate::metrics::model_request("ok", Some(head));
-    if let Some((prompt, completion)) = assembler.usage {
+    if let Some((prompt, completion)) = assembler.tokens() {
         crate::metrics::tokens(prompt, completion);
     }
     Ok(assembler)

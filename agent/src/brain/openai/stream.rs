@@ -27,9 +27,26 @@ struct Chunk {
     choices: Vec<Choice>,
     #[serde(default)]
     error: Option<Value>,
-    /// Sent by servers asked for it (or always, like llama.cpp's last chunk).
+    /// Sent by servers asked for it (`stream_options.include_usage`), in a last chunk with no
+    /// choices.
     #[serde(default)]
     usage: Option<Usage>,
+    /// llama.cpp's own statistics, in the last chunk even when usage was not asked for.
+    #[serde(default)]
+    timings: Option<Timings>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Timings {
+    /// Prompt tokens evaluated now.
+    #[serde(default)]
+    prompt_n: u64,
+    /// Prompt tokens taken from the cache.
+    #[serde(default)]
+    cache_n: u64,
+    /// Tokens generated.
+    #[serde(default)]
+    predicted_n: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +117,8 @@ pub struct Assembler {
     pub done: bool,
     /// Prompt and completion tokens, when the server reported them.
     pub usage: Option<(u64, u64)>,
+    /// The same from llama.cpp's `timings`, for servers that report no usage.
+    timings: Option<(u64, u64)>,
 }
 
 impl Assembler {
@@ -125,6 +144,9 @@ impl Assembler {
         if let Some(u) = chunk.usage {
             self.usage = Some((u.prompt_tokens, u.completion_tokens));
         }
+        if let Some(t) = chunk.timings {
+            self.timings = Some((t.cache_n.saturating_add(t.prompt_n), t.predicted_n));
+        }
         let mut text = None;
         for choice in chunk.choices {
             if let Some(delta) = choice.delta {
@@ -141,6 +163,11 @@ impl Assembler {
             }
         }
         Ok(text)
+    }
+
+    /// Prompt and completion tokens: the server's usage report, else llama.cpp's timings.
+    pub fn tokens(&self) -> Option<(u64, u64)> {
+        self.usage.or(self.timings)
     }
 
     /// How the completion ended, once the stream is over.
@@ -255,6 +282,28 @@ mod tests {
         assert!(a.calls.is_empty());
         assert_eq!(a.ending(), Ending::Finished);
         assert_eq!(a.usage, Some((9, 3)), "the usage-only chunk is counted");
+        assert_eq!(a.tokens(), Some((9, 3)), "usage wins over timings");
+    }
+
+    #[test]
+    fn token_counts_from_usage_or_timings() {
+        // The last chunks of llama-server (tests/fixtures/openai/llama-server-samples.txt, B),
+        // without and with the usage chunk `include_usage` asks for.
+        let finish = r#"{"choices":[{"finish_reason":"length","index":0,"delta":{}}],"object":"chat.completion.chunk","timings":{"cache_n":1421,"prompt_n":69,"prompt_ms":731.546,"predicted_n":12,"predicted_ms":332.152}}"#;
+        let usage = r#"{"choices":[],"object":"chat.completion.chunk","usage":{"completion_tokens":12,"prompt_tokens":1490,"total_tokens":1502}}"#;
+        type Case<'a> = (&'a [&'a str], Option<(u64, u64)>);
+        let cases: &[Case] = &[
+            (&[finish, "[DONE]"], Some((1490, 12))),
+            (&[finish, usage, "[DONE]"], Some((1490, 12))),
+            (&[usage], Some((1490, 12))),
+            (
+                &[r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}"#],
+                None,
+            ),
+        ];
+        for (chunks, want) in cases {
+            assert_eq!(feed_all(chunks).0.tokens(), *want, "{chunks:?}");
+        }
     }
 
     #[test]

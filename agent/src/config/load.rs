@@ -1,0 +1,271 @@
+//! Reading and validating the settings: every variable is checked on its own and every problem
+//! is collected, so an operator fixes them all in one round instead of one per restart.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use settings::Problems;
+
+use super::{
+    BrainConfig, Config, ConfigError, Limits, ModelTuning, OpenAiConfig, Policy, Secret,
+    TOOL_NAMES, default_policies, err,
+};
+
+impl Config {
+    /// Loads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, Problems<ConfigError>> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Loads the configuration from `get` (a variable name to its value), validating
+    /// everything; the error holds every problem found, in the order of the variables.
+    pub fn from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, Problems<ConfigError>> {
+        let mut r = Reader {
+            get,
+            problems: Problems::new(),
+        };
+        let bind = r.bind();
+        let token = r.token();
+        let workspace_root = r.absolute_path("WORKSPACE_ROOT", "/workspace");
+        let state_dir = r.absolute_path("AGENT_STATE_DIR", "/var/lib/agent");
+        let tool_policy = {
+            let spec = r.get("AGENT_TOOL_POLICY").unwrap_or_default();
+            r.check(parse_policy(&spec))
+        };
+        let brain = r.brain();
+        let limits = r.limits();
+        let test_hooks = match r.get("AGENT_TEST_HOOKS").as_deref().map(str::trim) {
+            None | Some("0" | "false") => Some(false),
+            Some("1" | "true") => Some(true),
+            Some(_) => r.fail("AGENT_TEST_HOOKS", "must be 1 or 0"),
+        };
+        let config = (|| {
+            Some(Self {
+                bind: bind?,
+                token: Secret::new(token?),
+                workspace_root: workspace_root?,
+                state_dir: state_dir?,
+                brain: brain?,
+                tool_policy: tool_policy?,
+                limits: limits?,
+                test_hooks: test_hooks?,
+            })
+        })();
+        r.problems.finish(config)
+    }
+}
+
+/// The settings being read, and the problems found so far. Each reading method returns `None`
+/// exactly when it recorded a problem.
+struct Reader<G> {
+    get: G,
+    problems: Problems<ConfigError>,
+}
+
+impl<G: Fn(&str) -> Option<String>> Reader<G> {
+    /// The value of `var`; blank counts as unset.
+    fn get(&self, var: &str) -> Option<String> {
+        (self.get)(var).filter(|v| !v.trim().is_empty())
+    }
+
+    fn check<T>(&mut self, r: Result<T, ConfigError>) -> Option<T> {
+        self.problems.take(r)
+    }
+
+    fn fail<T>(&mut self, var: &'static str, reason: impl Into<String>) -> Option<T> {
+        self.problems.push(err(var, reason));
+        None
+    }
+
+    fn bind(&mut self) -> Option<SocketAddr> {
+        let value = self
+            .get("AGENT_BIND")
+            .unwrap_or_else(|| "127.0.0.1:8700".into());
+        match value.parse() {
+            Ok(addr) => Some(addr),
+            Err(e) => self.fail("AGENT_BIND", format!("not a socket address: {e}")),
+        }
+    }
+
+    fn token(&mut self) -> Option<String> {
+        let Some(token) = self.get("AGENT_TOKEN") else {
+            return self.fail("AGENT_TOKEN", "is required");
+        };
+        if token.chars().count() < 16 {
+            return self.fail("AGENT_TOKEN", "must be at least 16 characters");
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return self.fail(
+                "AGENT_TOKEN",
+                "must not contain whitespace or control characters",
+            );
+        }
+        Some(token)
+    }
+
+    fn absolute_path(&mut self, var: &'static str, default: &str) -> Option<PathBuf> {
+        let path = PathBuf::from(self.get(var).unwrap_or_else(|| default.into()));
+        if !path.is_absolute() {
+            return self.fail(var, "must be an absolute path");
+        }
+        Some(path)
+    }
+
+    fn duration(&mut self, var: &'static str, default: Duration) -> Option<Duration> {
+        let Some(v) = self.get(var) else {
+            return Some(default);
+        };
+        match humantime::parse_duration(v.trim()) {
+            Ok(d) if d.is_zero() => self.fail(var, "must be greater than zero"),
+            Ok(d) => Some(d),
+            Err(e) => self.fail(var, format!("not a duration like 20s or 5m: {e}")),
+        }
+    }
+
+    fn count(&mut self, var: &'static str, default: usize) -> Option<usize> {
+        let Some(v) = self.get(var) else {
+            return Some(default);
+        };
+        match v.trim().parse::<usize>() {
+            Ok(0) => self.fail(var, "must be greater than zero"),
+            Ok(n) => Some(n),
+            Err(e) => self.fail(var, format!("not a whole number: {e}")),
+        }
+    }
+
+    fn brain(&mut self) -> Option<BrainConfig> {
+        match self.get("AGENT_BRAIN").as_deref().unwrap_or("builtin") {
+            "builtin" => Some(BrainConfig::Builtin),
+            "openai" => self.openai().map(BrainConfig::OpenAi),
+            other => self.fail(
+                "AGENT_BRAIN",
+                format!("unknown brain {other:?}, expected builtin or openai"),
+            ),
+        }
+    }
+
+    fn openai(&mut self) -> Option<OpenAiConfig> {
+        let base_url = match self.get("OPENAI_BASE_URL") {
+            None => self.fail("OPENAI_BASE_URL", "is required when AGENT_BRAIN=openai"),
+            Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                self.fail("OPENAI_BASE_URL", "must start with http:// or https://")
+            }
+            Some(u) => Some(u.trim_end_matches('/').to_owned()),
+        };
+        let model = match self.get("OPENAI_MODEL") {
+            None => self.fail("OPENAI_MODEL", "is required when AGENT_BRAIN=openai"),
+            model => model,
+        };
+        let api_key = self.get("OPENAI_API_KEY").map(Secret::new);
+        let d = ModelTuning::default();
+        let rerun_when_changed = match self.get("OPENAI_REPEAT_CALLS").as_deref().map(str::trim) {
+            None | Some("when-changed") => Some(true),
+            Some("once") => Some(false),
+            Some(_) => self.fail("OPENAI_REPEAT_CALLS", "must be once or when-changed"),
+        };
+        let connect_timeout = self.duration("OPENAI_CONNECT_TIMEOUT", d.connect_timeout);
+        let head_timeout = self.duration("OPENAI_HEAD_TIMEOUT", d.head_timeout);
+        let idle_timeout = self.duration("OPENAI_IDLE_TIMEOUT", d.idle_timeout);
+        let attempts = self.count("OPENAI_ATTEMPTS", d.attempts);
+        let max_tokens = match self.count("OPENAI_MAX_TOKENS", d.max_tokens as usize) {
+            None => None,
+            Some(n) => match u32::try_from(n) {
+                Ok(n) => Some(n),
+                Err(_) => self.fail("OPENAI_MAX_TOKENS", "is too large"),
+            },
+        };
+        let max_rounds = self.count("OPENAI_MAX_ROUNDS", d.max_rounds);
+        let history_chars = self.count("OPENAI_HISTORY_CHARS", d.history_chars);
+        Some(OpenAiConfig {
+            base_url: base_url?,
+            model: model?,
+            api_key,
+            tuning: ModelTuning {
+                connect_timeout: connect_timeout?,
+                head_timeout: head_timeout?,
+                idle_timeout: idle_timeout?,
+                attempts: attempts?,
+                max_tokens: max_tokens?,
+                max_rounds: max_rounds?,
+                rerun_when_changed: rerun_when_changed?,
+                history_chars: history_chars?,
+            },
+        })
+    }
+
+    fn limits(&mut self) -> Option<Limits> {
+        let d = Limits::default();
+        let handshake_timeout = self.duration("AGENT_HANDSHAKE_TIMEOUT", d.handshake_timeout);
+        let ping_interval = self.duration("AGENT_PING_INTERVAL", d.ping_interval);
+        let idle_timeout = self.duration("AGENT_IDLE_TIMEOUT", d.idle_timeout);
+        let approval_timeout = self.duration("AGENT_APPROVAL_TIMEOUT", d.approval_timeout);
+        let ask_timeout = self.duration("AGENT_ASK_TIMEOUT", d.ask_timeout);
+        let delivery_timeout = self.duration("AGENT_DELIVERY_TIMEOUT", d.delivery_timeout);
+        let max_file_size = match self.get("AGENT_MAX_FILE_SIZE") {
+            None => Some(d.max_file_size),
+            Some(v) => match v.trim().parse::<bytesize::ByteSize>() {
+                Ok(size) => Some(size.as_u64()),
+                Err(e) => self.fail(
+                    "AGENT_MAX_FILE_SIZE",
+                    format!("not a size like 100MiB: {e}"),
+                ),
+            },
+        };
+        let head_timeout = self.duration("AGENT_HEAD_TIMEOUT", d.head_timeout);
+        let max_pending = self.count("AGENT_MAX_PENDING", d.max_pending);
+        let max_pending_per_ip = self.count("AGENT_MAX_PENDING_PER_IP", d.max_pending_per_ip);
+        // Compared only when both are valid: a bad ping interval is one problem, not two.
+        if let (Some(idle), Some(ping)) = (idle_timeout, ping_interval)
+            && idle <= ping
+        {
+            return self.fail(
+                "AGENT_IDLE_TIMEOUT",
+                "must be longer than AGENT_PING_INTERVAL",
+            );
+        }
+        Some(Limits {
+            handshake_timeout: handshake_timeout?,
+            ping_interval: ping_interval?,
+            idle_timeout: idle_timeout?,
+            approval_timeout: approval_timeout?,
+            ask_timeout: ask_timeout?,
+            delivery_timeout: delivery_timeout?,
+            max_file_size: max_file_size?,
+            head_timeout: head_timeout?,
+            max_pending: max_pending?,
+            max_pending_per_ip: max_pending_per_ip?,
+        })
+    }
+}
+
+/// Parses `tool=policy,tool=policy` over the default policies.
+fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
+    const VAR: &str = "AGENT_TOOL_POLICY";
+    let mut policies = default_policies();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (tool, policy) = item
+            .split_once('=')
+            .ok_or_else(|| err(VAR, format!("{item:?} is not tool=policy")))?;
+        let (tool, policy) = (tool.trim(), policy.trim());
+        let slot = policies.get_mut(tool).ok_or_else(|| {
+            err(
+                VAR,
+                format!(
+                    "unknown tool {tool:?}; known tools: {}",
+                    TOOL_NAMES.join(", ")
+                ),
+            )
+        })?;
+        *slot = policy.parse().map_err(|_| {
+            err(
+                VAR,
+                format!("unknown policy {policy:?} for {tool}; expected allow, ask or deny"),
+            )
+        })?;
+    }
+    Ok(policies)
+}

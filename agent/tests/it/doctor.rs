@@ -1,0 +1,194 @@
+//! `agent doctor`'s checks against a running agent and a fake model server on 127.0.0.1:0:
+//! healthy, the model missing, the key refused, the server down, and a bad configuration.
+
+use std::collections::BTreeMap;
+
+use agent::doctor::{Level, Report, doctor};
+use axum::Json;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde_json::json;
+
+use crate::support::*;
+
+const KEY: &str = "sk-doctor-secret-key";
+
+/// A model server listing one model to whoever presents [`KEY`]; its refusal echoes the key
+/// it got, as some servers do.
+async fn model_server() -> String {
+    let router = axum::Router::new().route(
+        "/v1/models",
+        get(|headers: HeaderMap| async move {
+            let auth = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            if auth != format!("Bearer {KEY}") {
+                let said = format!("Incorrect API key provided: {auth}");
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    Json(json!({"error": {"message": said}})),
+                )
+                    .into_response();
+            }
+            Json(json!({"object": "list", "data": [
+                {"id": "served-model", "object": "model"},
+                {"id": "embedder", "object": "model"},
+            ]}))
+            .into_response()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+/// A local address nothing listens on.
+fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// The doctor's report for `agent`'s folders and address, with `vars` on top.
+async fn examine(agent: &TestAgent, vars: &[(&str, &str)]) -> (Report, String) {
+    let mut settings: BTreeMap<String, String> = [
+        ("AGENT_TOKEN", TOKEN.to_owned()),
+        ("AGENT_BIND", agent.addr.to_string()),
+        (
+            "WORKSPACE_ROOT",
+            agent.workspace.path().display().to_string(),
+        ),
+        ("AGENT_STATE_DIR", agent.state.path().display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (k, v) in vars {
+        settings.insert((*k).to_owned(), (*v).to_owned());
+    }
+    let report = doctor(|k| settings.get(k).cloned()).await;
+    let text: String = report.findings.iter().map(|f| format!("{f}\n")).collect();
+    assert!(!text.contains(KEY), "the key is never shown: {text}");
+    (report, text)
+}
+
+fn line<'a>(text: &'a str, check: &str) -> &'a str {
+    text.lines()
+        .find(|l| l[6..].starts_with(&format!("{check}: ")))
+        .unwrap_or_else(|| panic!("no {check} line: {text}"))
+}
+
+#[tokio::test]
+async fn a_healthy_setup_is_all_ok_but_the_missing_surface() {
+    let base = model_server().await;
+    let agent = TestAgent::start().await;
+    let openai = [
+        ("AGENT_BRAIN", "openai"),
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("OPENAI_MODEL", "served-model"),
+        ("OPENAI_API_KEY", KEY),
+    ];
+    let (report, text) = examine(&agent, &openai).await;
+    assert_eq!(report.exit_code, 0, "{text}");
+    for (check, says) in [
+        (
+            "config",
+            "ok    config: valid; brain openai, model \"served-model\"",
+        ),
+        ("workspace", "is writable"),
+        ("state", "is writable"),
+        ("listen", "an agent is running on"),
+        ("model", "answers and lists the model \"served-model\""),
+    ] {
+        let l = line(&text, check);
+        assert!(l.starts_with("ok ") && l.contains(says), "{text}");
+    }
+    // No surface has written its sentinel into this workspace.
+    assert!(line(&text, "sentinel").starts_with("warn"), "{text}");
+    let (report, text) = examine(&agent, &[]).await;
+    assert_eq!(report.exit_code, 0, "{text}");
+    assert!(
+        line(&text, "brain").starts_with("ok    brain: builtin"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn model_problems_are_named() {
+    let base = model_server().await;
+    let agent = TestAgent::start().await;
+    let with = |model: &'static str, key: &'static str, base: String| {
+        vec![
+            ("AGENT_BRAIN", "openai".to_owned()),
+            ("OPENAI_BASE_URL", base),
+            ("OPENAI_MODEL", model.to_owned()),
+            ("OPENAI_API_KEY", key.to_owned()),
+        ]
+    };
+    let cases = [
+        (
+            with("llama-9", KEY, base.clone()),
+            Level::Warn,
+            "\"llama-9\" is not among its models (\"served-model\", \"embedder\")",
+        ),
+        (
+            // The server echoes the wrong key; the doctor does not.
+            with("served-model", "sk-wrong-key", base.clone()),
+            Level::Fail,
+            "/models answered HTTP 401: Incorrect API key provided: Bearer [redacted] (check \
+             OPENAI_API_KEY)",
+        ),
+        (
+            with("served-model", KEY, format!("http://{}/v1", free_address())),
+            Level::Fail,
+            "cannot reach http://127.0.0.1:",
+        ),
+    ];
+    for (vars, level, says) in cases {
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (report, text) = examine(&agent, &vars).await;
+        let model = report.findings.iter().find(|f| f.check == "model").unwrap();
+        assert_eq!(model.level, level, "{text}");
+        assert!(model.text.contains(says), "{text}");
+        assert_eq!(report.exit_code, u8::from(level == Level::Fail), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn an_agent_that_is_not_running_and_a_bad_configuration() {
+    let agent = TestAgent::start().await;
+    let free = free_address();
+    let (report, text) = examine(&agent, &[("AGENT_BIND", free.as_str())]).await;
+    assert_eq!(report.exit_code, 0, "a warning only: {text}");
+    assert_eq!(
+        line(&text, "listen"),
+        format!("warn  listen: nothing listens on {free} (is the agent running?)")
+    );
+    let (report, text) = examine(
+        &agent,
+        &[
+            ("AGENT_TOKEN", "short"),
+            ("AGENT_BIND", "nowhere"),
+            ("AGENT_BRAIN", "magic"),
+        ],
+    )
+    .await;
+    assert_eq!(report.exit_code, 2, "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "one line per problem, nothing else checked: {text}"
+    );
+    assert!(
+        lines.iter().all(|l| l.starts_with("FAIL  config: ")),
+        "{text}"
+    );
+    assert!(
+        lines[0].contains("AGENT_BIND") && lines[2].contains("AGENT_BRAIN"),
+        "{text}"
+    );
+}

@@ -1,0 +1,665 @@
+//! From observations to findings: pure, table-tested. Each finding is one line an operator
+//! reads top to bottom; the first `FAIL` is usually the answer to "why no reply?".
+
+use crate::config::Config;
+use crate::decide::{self, Decision, Facts, IgnoreReason};
+use crate::journal::RoomView;
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// As it should be.
+    Ok,
+    /// Works, but an operator should know.
+    Warn,
+    /// Messages will not be answered until this is fixed.
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// How bad.
+    pub level: Level,
+    /// What was checked (`homeserver`, `login`, `room`…).
+    pub check: &'static str,
+    /// What was found, and what to do about it.
+    pub text: String,
+}
+
+impl Finding {
+    fn new(level: Level, check: &'static str, text: impl Into<String>) -> Self {
+        Self {
+            level,
+            check,
+            text: text.into(),
+        }
+    }
+
+    /// `ok    check: text`.
+    pub fn line(&self) -> String {
+        let level = match self.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        format!("{level}  {}: {}", self.check, self.text)
+    }
+}
+
+/// Who the bot is logged in as, per the homeserver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Login {
+    /// `whoami` answered.
+    As {
+        /// The user.
+        user_id: String,
+        /// The device.
+        device_id: Option<String>,
+    },
+    /// No access token configured and no session saved yet (first start logs in).
+    NoSession,
+    /// The homeserver refused the token.
+    Refused(String),
+    /// Not asked: the homeserver is unreachable.
+    Unknown,
+}
+
+/// The bot's cross-signing state, per `/keys/query`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrossSigning {
+    /// A master key is published.
+    pub master: bool,
+    /// This device carries the self-signing key's signature.
+    pub device_signed: bool,
+}
+
+/// A room the doctor was asked about.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoomObservation {
+    /// The room id asked about.
+    pub room_id: String,
+    /// The bot is joined.
+    pub joined: bool,
+    /// Its canonical alias, if any (the allowlist may name it).
+    pub alias: Option<String>,
+    /// Joined members (when joined).
+    pub members: Vec<String>,
+    /// `m.room.encryption` is set.
+    pub encrypted: bool,
+    /// The sender asked about (`--sender`, or the first member who is not the bot).
+    pub sender: Option<String>,
+    /// The journal's view (when there is a journal).
+    pub journal: Option<RoomView>,
+}
+
+/// Everything the doctor gathered.
+#[derive(Debug, Clone)]
+pub struct Observations {
+    /// `/versions`: the spec versions, or why the homeserver is unreachable.
+    pub homeserver: Result<Vec<String>, String>,
+    /// Who we are.
+    pub login: Login,
+    /// Joined rooms, when logged in.
+    pub joined_rooms: Option<Vec<String>>,
+    /// Cross-signing, when logged in.
+    pub cross_signing: Option<CrossSigning>,
+    /// The server-side key backup version (`Ok(None)`: none), when logged in.
+    pub backup: Option<Result<Option<String>, String>>,
+    /// The agent handshake (token, protocol version, both workspace sentinels).
+    pub agent: Result<(), String>,
+    /// The workspace root is usable (a file can be created and removed).
+    pub workspace: Result<(), String>,
+    /// A running surface's `/healthz`: `Ok(body)` when 200, `Err(why)` otherwise.
+    pub surface: Result<String, String>,
+    /// The journal: (unhandled, waiting for keys, parked), or why it cannot be read.
+    pub journal: Result<Option<(u64, u64, u64)>, String>,
+    /// The room asked about.
+    pub room: Option<RoomObservation>,
+}
+
+/// Every finding, in reading order.
+pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
+    use Level::{Fail, Ok, Warn};
+    let mut out = vec![Finding::new(
+        Ok,
+        "config",
+        format!(
+            "valid; bot {} on {}",
+            config.user_id,
+            config.homeserver_url.as_str()
+        ),
+    )];
+    out.push(match &o.homeserver {
+        Result::Ok(v) => Finding::new(
+            Ok,
+            "homeserver",
+            format!(
+                "reachable (spec {})",
+                v.last().map_or("unknown", String::as_str)
+            ),
+        ),
+        Err(e) => Finding::new(Fail, "homeserver", format!("unreachable: {e}")),
+    });
+    out.push(match &o.login {
+        Login::As { user_id, device_id } if *user_id == config.user_id.as_str() => Finding::new(
+            Ok,
+            "login",
+            format!(
+                "logged in as {user_id} (device {})",
+                device_id.as_deref().unwrap_or("?")
+            ),
+        ),
+        Login::As { user_id, .. } => Finding::new(
+            Fail,
+            "login",
+            format!(
+                "the token belongs to {user_id}, not MATRIX_USER_ID {}",
+                config.user_id
+            ),
+        ),
+        Login::NoSession => Finding::new(
+            Warn,
+            "login",
+            "no saved session yet: the surface logs in with MATRIX_PASSWORD on its first start",
+        ),
+        Login::Refused(e) => Finding::new(
+            Fail,
+            "login",
+            format!("the homeserver refused the bot's token ({e}): log in again"),
+        ),
+        Login::Unknown => Finding::new(Warn, "login", "not checked (homeserver unreachable)"),
+    });
+    if let Some(rooms) = &o.joined_rooms {
+        let allowed = rooms
+            .iter()
+            .filter(|r| config.is_room_allowed(r, std::iter::empty()))
+            .count();
+        let level = if rooms.is_empty() { Warn } else { Ok };
+        let mut text = format!(
+            "joined {} rooms, {allowed} of them allowed by SURFACE_ALLOWED_ROOMS (by id; aliases \
+             are checked per room)",
+            rooms.len()
+        );
+        if rooms.is_empty() {
+            text.push_str(": invite the bot to a room (it joins when an allowed user invites it)");
+        }
+        out.push(Finding::new(level, "rooms", text));
+    }
+    out.push(Finding::new(
+        Ok,
+        "allowlists",
+        format!(
+            "users {}; rooms {}{}",
+            config.allowed_users.join(", "),
+            config.allowed_rooms.join(", "),
+            if config.bot_users.is_empty() {
+                String::new()
+            } else {
+                format!("; bots {}", config.bot_users.join(", "))
+            }
+        ),
+    ));
+    out.extend(encryption(config, o));
+    out.push(match &o.agent {
+        Result::Ok(()) => Finding::new(
+            Ok,
+            "agent",
+            format!(
+                "{} answered the handshake: token, protocol version and shared workspace verified",
+                config.agent_url.as_str()
+            ),
+        ),
+        Err(e) => Finding::new(
+            Fail,
+            "agent",
+            format!(
+                "{}: {e}; turns wait in the journal until it is fixed",
+                config.agent_url.as_str()
+            ),
+        ),
+    });
+    out.push(match &o.workspace {
+        Result::Ok(()) => Finding::new(
+            Ok,
+            "workspace",
+            format!("{} is writable", config.workspace_root.display()),
+        ),
+        Err(e) => Finding::new(
+            Fail,
+            "workspace",
+            format!("{}: {e}", config.workspace_root.display()),
+        ),
+    });
+    out.push(match &o.surface {
+        Result::Ok(_) => Finding::new(
+            Ok,
+            "surface",
+            format!("running and healthy on {}", config.health_bind),
+        ),
+        Err(e) => Finding::new(Warn, "surface", e.clone()),
+    });
+    out.push(match &o.journal {
+        Result::Ok(None) => Finding::new(Warn, "journal", "none yet (the surface never ran here)"),
+        Result::Ok(Some((unhandled, waiting, parked))) => {
+            let level = if *parked > 0 || *waiting > 0 {
+                Warn
+            } else {
+                Ok
+            };
+            Finding::new(
+                level,
+                "journal",
+                format!(
+                    "{unhandled} messages not handled yet, {waiting} waiting for room keys, \
+                     {parked} parked sends"
+                ),
+            )
+        }
+        Err(e) => Finding::new(Fail, "journal", e.clone()),
+    });
+    if let Some(room) = &o.room {
+        out.extend(room_findings(config, o, room));
+    }
+    out
+}
+
+fn encryption(config: &Config, o: &Observations) -> Vec<Finding> {
+    use Level::{Ok, Warn};
+    let mut out = Vec::new();
+    match o.cross_signing {
+        Some(CrossSigning {
+            master: true,
+            device_signed: true,
+        }) => out.push(Finding::new(
+            Ok,
+            "cross-signing",
+            "set up; this device is signed",
+        )),
+        Some(CrossSigning { master: true, .. }) => out.push(Finding::new(
+            Warn,
+            "cross-signing",
+            "set up, but this device is not signed by it: users see an unverified device",
+        )),
+        Some(_) => out.push(Finding::new(
+            Warn,
+            "cross-signing",
+            "no cross-signing keys: users see the bot's device as unverified",
+        )),
+        None => {}
+    }
+    match (&o.backup, config.recovery_key.is_some()) {
+        (Some(Result::Ok(Some(v))), true) => out.push(Finding::new(
+            Ok,
+            "key backup",
+            format!("version {v}; MATRIX_RECOVERY_KEY is set"),
+        )),
+        (Some(Result::Ok(Some(v))), false) => out.push(Finding::new(
+            Warn,
+            "key backup",
+            format!(
+                "version {v} exists but MATRIX_RECOVERY_KEY is not set: a new state directory \
+                 could not read earlier encrypted messages"
+            ),
+        )),
+        (Some(Result::Ok(None)), _) => out.push(Finding::new(
+            Warn,
+            "key backup",
+            "none on the server: losing the state directory loses the room keys",
+        )),
+        (Some(Err(e)), _) => out.push(Finding::new(Warn, "key backup", e.clone())),
+        (None, _) => {}
+    }
+    out
+}
+
+fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> Vec<Finding> {
+    use Level::{Fail, Ok, Warn};
+    let id = &room.room_id;
+    let mut out = Vec::new();
+    let room_allowed = config.is_room_allowed(id, room.alias.as_deref());
+    if !room_allowed {
+        out.push(Finding::new(
+            Fail,
+            "room",
+            format!("{id} is not allowed by SURFACE_ALLOWED_ROOMS: its messages are ignored"),
+        ));
+    }
+    if !room.joined {
+        out.push(Finding::new(
+            Fail,
+            "room",
+            format!("the bot is not in {id}: invite it (it joins when an allowed user invites it)"),
+        ));
+        return out;
+    }
+    out.push(Finding::new(
+        Ok,
+        "room",
+        format!(
+            "{id}: joined, {} members, {}",
+            room.members.len(),
+            if room.encrypted {
+                "encrypted"
+            } else {
+                "not encrypted"
+            }
+        ),
+    ));
+    let journal = room.journal.clone().unwrap_or_default();
+    if journal.waiting_for_keys > 0 {
+        out.push(Finding::new(
+            Warn,
+            "room",
+            format!(
+                "{} messages here wait for their room keys: the sender's device has not shared \
+                 them with the bot (they arrive when that device comes online)",
+                journal.waiting_for_keys
+            ),
+        ));
+    }
+    if journal.parked > 0 {
+        out.push(Finding::new(
+            Warn,
+            "room",
+            format!(
+                "{} answers here were refused by the homeserver and parked (see the surface log \
+                 for 'send parked')",
+                journal.parked
+            ),
+        ));
+    }
+    if journal.pending > 0 {
+        out.push(Finding::new(
+            Warn,
+            "room",
+            format!("{} messages here are queued for the agent", journal.pending),
+        ));
+    }
+    let Some(sender) = &room.sender else {
+        out.push(Finding::new(
+            Warn,
+            "room",
+            "nobody but the bot is in the room",
+        ));
+        return out;
+    };
+    if !room.members.iter().any(|m| m == sender) {
+        out.push(Finding::new(
+            Warn,
+            "sender",
+            format!("{sender} is not a member of {id}"),
+        ));
+    }
+    let verdict = |mentions_bot: bool| {
+        decide::decide(&Facts {
+            bot_user_id: config.user_id.as_str(),
+            sender,
+            sender_allowed: config.is_allowed(sender),
+            room_allowed,
+            sender_is_bot: config.is_known_bot(sender),
+            max_bot_turns: config.max_bot_turns,
+            is_message: true,
+            body: "hello",
+            mentions_bot,
+            direct_chat: room.members.len() <= 2,
+            every_message: journal.every_message,
+            ..Facts::default()
+        })
+    };
+    let agent_down = o.agent.is_err();
+    out.push(match (verdict(false), verdict(true)) {
+        (Decision::Trigger, _) if agent_down => Finding::new(
+            Fail,
+            "verdict",
+            format!("a message from {sender} would be journaled, but answered only once the agent is reachable"),
+        ),
+        (Decision::Trigger, _) => Finding::new(
+            Ok,
+            "verdict",
+            format!("a message from {sender} would be answered"),
+        ),
+        (Decision::Context, Decision::Trigger) => Finding::new(
+            Warn,
+            "verdict",
+            format!(
+                "a message from {sender} is answered only when it mentions or replies to the \
+                 bot (a group room; a moderator can send `!mode all`)"
+            ),
+        ),
+        (Decision::Ignore(reason), _) => Finding::new(
+            Fail,
+            "verdict",
+            format!("a message from {sender} would be ignored: {}", ignored(reason)),
+        ),
+        (other, _) => Finding::new(
+            Warn,
+            "verdict",
+            format!("a message from {sender} would be handled as {other:?}"),
+        ),
+    });
+    out
+}
+
+fn ignored(reason: IgnoreReason) -> &'static str {
+    match reason {
+        IgnoreReason::NotAllowed => "the sender is not allowed by SURFACE_ALLOWED_USERS",
+        IgnoreReason::RoomNotAllowed => "the room is not allowed by SURFACE_ALLOWED_ROOMS",
+        IgnoreReason::OwnEvent => "it is the bot itself",
+        IgnoreReason::BotLoop => "the sender is a bot (SURFACE_BOT_USERS) past its turn limit",
+        IgnoreReason::Notice => "bots' notices are never answered",
+        IgnoreReason::NotAMessage | IgnoreReason::Edit | IgnoreReason::Reaction => {
+            "it is not a new message"
+        }
+    }
+}
+
+/// The exit code: 0 when nothing failed, 1 otherwise.
+pub fn exit_code(findings: &[Finding]) -> u8 {
+    u8::from(findings.iter().any(|f| f.level == Level::Fail))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn config(extra: &[(&str, &str)]) -> Config {
+        let mut env: Vec<(&str, &str)> = vec![
+            ("MATRIX_HOMESERVER_URL", "http://127.0.0.1:8008"),
+            ("MATRIX_USER_ID", "@bot:hs"),
+            ("MATRIX_PASSWORD", "pw"),
+            ("AGENT_URL", "ws://127.0.0.1:8700"),
+            ("AGENT_TOKEN", "0123456789abcdef"),
+        ];
+        env.extend_from_slice(extra);
+        Config::from_lookup(|k| {
+            env.iter()
+                .rev()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        })
+        .unwrap()
+    }
+
+    fn healthy() -> Observations {
+        Observations {
+            homeserver: Ok(vec!["v1.11".into()]),
+            login: Login::As {
+                user_id: "@bot:hs".into(),
+                device_id: Some("DEV".into()),
+            },
+            joined_rooms: Some(vec!["!dm:hs".into()]),
+            cross_signing: Some(CrossSigning {
+                master: true,
+                device_signed: true,
+            }),
+            backup: Some(Ok(Some("1".into()))),
+            agent: Ok(()),
+            workspace: Ok(()),
+            surface: Ok("{}".into()),
+            journal: Ok(Some((0, 0, 0))),
+            room: Some(RoomObservation {
+                room_id: "!dm:hs".into(),
+                joined: true,
+                members: vec!["@bot:hs".into(), "@alice:hs".into()],
+                encrypted: true,
+                sender: Some("@alice:hs".into()),
+                ..RoomObservation::default()
+            }),
+        }
+    }
+
+    /// The first finding at `level` whose check is `check`.
+    fn find(fs: &[Finding], level: Level, check: &str) -> Option<String> {
+        fs.iter()
+            .find(|f| f.level == level && f.check == check)
+            .map(|f| f.text.clone())
+    }
+
+    #[test]
+    fn each_cause_of_silence_is_named() {
+        type Change = fn(&mut Observations);
+        // (what is wrong, level, check, words the line must contain)
+        let cases: &[(Change, Level, &str, &str)] = &[
+            (|_| {}, Level::Ok, "verdict", "@alice:hs would be answered"),
+            (
+                |o| o.homeserver = Err("connection refused".into()),
+                Level::Fail,
+                "homeserver",
+                "connection refused",
+            ),
+            (
+                |o| o.login = Login::Refused("HTTP 401 M_UNKNOWN_TOKEN".into()),
+                Level::Fail,
+                "login",
+                "M_UNKNOWN_TOKEN",
+            ),
+            (
+                |o| {
+                    o.login = Login::As {
+                        user_id: "@other:hs".into(),
+                        device_id: None,
+                    }
+                },
+                Level::Fail,
+                "login",
+                "belongs to @other:hs",
+            ),
+            (
+                |o| o.room.as_mut().unwrap().joined = false,
+                Level::Fail,
+                "room",
+                "not in !dm:hs",
+            ),
+            (
+                |o| o.room.as_mut().unwrap().sender = Some("@eve:evil".into()),
+                Level::Fail,
+                "verdict",
+                "SURFACE_ALLOWED_USERS",
+            ),
+            (
+                |o| o.agent = Err("HTTP 401".into()),
+                Level::Fail,
+                "verdict",
+                "once the agent is reachable",
+            ),
+            (
+                |o| o.agent = Err("HTTP 401".into()),
+                Level::Fail,
+                "agent",
+                "HTTP 401",
+            ),
+            (
+                |o| {
+                    let r = o.room.as_mut().unwrap();
+                    r.members.push("@carol:hs".into());
+                },
+                Level::Warn,
+                "verdict",
+                "mentions or replies to the bot",
+            ),
+            (
+                |o| {
+                    o.room.as_mut().unwrap().journal = Some(RoomView {
+                        waiting_for_keys: 2,
+                        ..RoomView::default()
+                    })
+                },
+                Level::Warn,
+                "room",
+                "2 messages here wait for their room keys",
+            ),
+            (
+                |o| {
+                    o.room.as_mut().unwrap().journal = Some(RoomView {
+                        parked: 1,
+                        ..RoomView::default()
+                    })
+                },
+                Level::Warn,
+                "room",
+                "parked",
+            ),
+            (
+                |o| {
+                    o.cross_signing = Some(CrossSigning {
+                        master: false,
+                        device_signed: false,
+                    })
+                },
+                Level::Warn,
+                "cross-signing",
+                "unverified",
+            ),
+            (
+                |o| o.backup = Some(Ok(None)),
+                Level::Warn,
+                "key backup",
+                "none on the server",
+            ),
+            (
+                |o| o.workspace = Err("not writable".into()),
+                Level::Fail,
+                "workspace",
+                "not writable",
+            ),
+        ];
+        for (i, (change, level, check, words)) in cases.iter().enumerate() {
+            let mut o = healthy();
+            change(&mut o);
+            let fs = findings(&config(&[("MATRIX_RECOVERY_KEY", "k")]), &o);
+            let text = find(&fs, *level, check)
+                .unwrap_or_else(|| panic!("case {i}: no {level:?} {check}: {fs:#?}"));
+            assert!(text.contains(words), "case {i}: {text}");
+            assert_eq!(exit_code(&fs), u8::from(*level == Level::Fail), "case {i}");
+        }
+    }
+
+    #[test]
+    fn a_room_outside_the_allowlist_and_a_mode_all_group_are_told_apart() {
+        let c = config(&[("SURFACE_ALLOWED_ROOMS", "#ops:hs")]);
+        let mut o = healthy();
+        let fs = findings(&c, &o);
+        assert!(
+            find(&fs, Level::Fail, "room")
+                .unwrap()
+                .contains("SURFACE_ALLOWED_ROOMS")
+        );
+        o.room.as_mut().unwrap().alias = Some("#ops:hs".into());
+        assert_eq!(exit_code(&findings(&c, &o)), 0, "allowed by its alias");
+
+        let mut o = healthy();
+        let room = o.room.as_mut().unwrap();
+        room.members.push("@carol:hs".into());
+        room.journal = Some(RoomView {
+            every_message: true,
+            ..RoomView::default()
+        });
+        let fs = findings(&config(&[]), &o);
+        assert!(find(&fs, Level::Ok, "verdict").is_some(), "{fs:#?}");
+        let line = fs.last().unwrap().line();
+        assert!(line.starts_with("ok    verdict: "), "{line}");
+    }
+}

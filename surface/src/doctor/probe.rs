@@ -1,0 +1,323 @@
+//! Gathering what the doctor looks at: plain client-server requests with the bot's token
+//! (never matrix-sdk's client, which would open the running surface's crypto store or upload
+//! keys for this device), the agent handshake, the workspace, the surface's health port and
+//! its journal (read-only). Every call has a deadline; nothing here changes the bot's state
+//! beyond the sentinel files a handshake writes anyway.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::{ChatId, Secret};
+use serde_json::{Value, json};
+
+use super::findings::{CrossSigning, Login, Observations, RoomObservation};
+use crate::agent_link::{self, AgentEndpoint};
+use crate::config::{Auth, Config};
+use crate::context::WorkspaceSentinels;
+use crate::health::Health;
+use crate::journal::Journal;
+use crate::session;
+use crate::workspace::Workspace;
+
+/// Deadline of each request.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The chat id of the doctor's handshake (the agent never sees a turn on it).
+const PROBE_CHAT: &str = "mxbridge-doctor";
+
+/// The client-server API with the bot's token.
+struct Cs {
+    http: reqwest::Client,
+    base: String,
+    token: Option<Secret>,
+}
+
+impl Cs {
+    async fn get(&self, path: &str) -> Result<Value, String> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<Value, String> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
+    async fn send(&self, mut req: reqwest::RequestBuilder) -> Result<Value, String> {
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t.expose());
+        }
+        let resp = req.timeout(TIMEOUT).send().await.map_err(|e| {
+            // reqwest errors name the URL, never the token.
+            e.without_url().to_string()
+        })?;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            Ok(body)
+        } else {
+            let code = body["errcode"].as_str().unwrap_or("");
+            Err(format!("HTTP {} {code}", status.as_u16()).trim().to_owned())
+        }
+    }
+}
+
+/// Path segment encoding for ids (`!room:hs`, `@user:hs`).
+fn seg(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// Gathers every observation; `room` and `sender` narrow the room checks.
+pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) -> Observations {
+    let http = reqwest::Client::builder()
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap_or_default();
+    let base = config
+        .homeserver_url
+        .as_str()
+        .trim_end_matches('/')
+        .to_owned();
+    let token = access_token(config);
+    let cs = Cs {
+        http: http.clone(),
+        base,
+        token: token.clone(),
+    };
+    let homeserver = cs.get("/_matrix/client/versions").await.map(|v| {
+        v["versions"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let login = match (&homeserver, &token) {
+        (Err(_), _) => Login::Unknown,
+        (Ok(_), None) => Login::NoSession,
+        (Ok(_), Some(_)) => match cs.get("/_matrix/client/v3/account/whoami").await {
+            Ok(v) => Login::As {
+                user_id: v["user_id"].as_str().unwrap_or_default().to_owned(),
+                device_id: v["device_id"].as_str().map(str::to_owned),
+            },
+            Err(e) => Login::Refused(e),
+        },
+    };
+    let logged_in = matches!(login, Login::As { .. });
+    let joined_rooms = if logged_in {
+        cs.get("/_matrix/client/v3/joined_rooms")
+            .await
+            .ok()
+            .map(|v| {
+                v["joined_rooms"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+    } else {
+        None
+    };
+    let (cross_signing, backup) = if let Login::As { user_id, device_id } = &login {
+        (
+            cross_signing(&cs, user_id, device_id.as_deref()).await,
+            Some(backup(&cs).await),
+        )
+    } else {
+        (None, None)
+    };
+    let journal_path = config.state_dir.join("journal.sqlite");
+    let journal = Journal::open_read_only(&journal_path)
+        .map_err(|e| format!("{}: {e}", journal_path.display()));
+    let journal_counts = match &journal {
+        Ok(Some(j)) => j
+            .backlog()
+            .and_then(|b| Ok((b.unhandled, b.waiting_for_keys, j.parked_count()?)))
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", journal_path.display())),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.clone()),
+    };
+    let room = match room {
+        Some(room_id) => Some(
+            observe_room(
+                &cs,
+                config,
+                room_id,
+                sender,
+                joined_rooms.as_deref().unwrap_or_default(),
+                journal.as_ref().ok().and_then(Option::as_ref),
+            )
+            .await,
+        ),
+        None => None,
+    };
+    Observations {
+        homeserver,
+        login,
+        joined_rooms,
+        cross_signing,
+        backup,
+        agent: agent(config).await,
+        workspace: workspace(config),
+        surface: surface_health(&http, config).await,
+        journal: journal_counts,
+        room,
+    }
+}
+
+/// The configured token, or the saved session's.
+fn access_token(config: &Config) -> Option<Secret> {
+    match &config.auth {
+        Auth::Token { access_token, .. } => Some(access_token.clone()),
+        Auth::Password(_) => session::load_session(&session::session_path(&config.state_dir))
+            .ok()
+            .flatten()
+            .map(|s| Secret::new(s.tokens.access_token)),
+    }
+}
+
+async fn cross_signing(cs: &Cs, user_id: &str, device_id: Option<&str>) -> Option<CrossSigning> {
+    let v = cs
+        .post(
+            "/_matrix/client/v3/keys/query",
+            &json!({ "device_keys": { user_id: [] } }),
+        )
+        .await
+        .ok()?;
+    let master = v["master_keys"][user_id].is_object();
+    let self_signing: Vec<String> = v["self_signing_keys"][user_id]["keys"]
+        .as_object()
+        .map(|k| k.keys().cloned().collect())
+        .unwrap_or_default();
+    let device_signed = device_id.is_some_and(|d| {
+        let sigs = &v["device_keys"][user_id][d]["signatures"][user_id];
+        self_signing.iter().any(|k| sigs[k].is_string())
+    });
+    Some(CrossSigning {
+        master,
+        device_signed,
+    })
+}
+
+async fn backup(cs: &Cs) -> Result<Option<String>, String> {
+    match cs.get("/_matrix/client/v3/room_keys/version").await {
+        Ok(v) => Ok(v["version"].as_str().map(str::to_owned)),
+        Err(e) if e.contains("M_NOT_FOUND") => Ok(None),
+        Err(e) => Err(format!("cannot read the backup version: {e}")),
+    }
+}
+
+async fn observe_room(
+    cs: &Cs,
+    config: &Config,
+    room_id: &str,
+    sender: Option<&str>,
+    joined: &[String],
+    journal: Option<&Journal>,
+) -> RoomObservation {
+    let mut room = RoomObservation {
+        room_id: room_id.to_owned(),
+        joined: joined.iter().any(|r| r == room_id),
+        sender: sender.map(str::to_owned),
+        journal: journal.and_then(|j| j.room_view(room_id).ok()),
+        ..RoomObservation::default()
+    };
+    if !room.joined {
+        return room;
+    }
+    let r = seg(room_id);
+    if let Ok(v) = cs
+        .get(&format!("/_matrix/client/v3/rooms/{r}/joined_members"))
+        .await
+    {
+        room.members = v["joined"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+    }
+    room.encrypted = cs
+        .get(&format!(
+            "/_matrix/client/v3/rooms/{r}/state/m.room.encryption/"
+        ))
+        .await
+        .is_ok();
+    room.alias = cs
+        .get(&format!(
+            "/_matrix/client/v3/rooms/{r}/state/m.room.canonical_alias/"
+        ))
+        .await
+        .ok()
+        .and_then(|v| v["alias"].as_str().map(str::to_owned));
+    if room.sender.is_none() {
+        room.sender = room
+            .members
+            .iter()
+            .find(|m| *m != config.user_id.as_str())
+            .cloned();
+    }
+    room
+}
+
+/// The real handshake: proves the URL, the token, the protocol version and that both
+/// processes see the same workspace.
+async fn agent(config: &Config) -> Result<(), String> {
+    let workspace = Workspace::open(&config.workspace_root).map_err(|e| e.to_string())?;
+    let endpoint = AgentEndpoint {
+        url: config.agent_url.clone(),
+        token: config.agent_token.clone(),
+        proof: Arc::new(WorkspaceSentinels(workspace)),
+        health: Arc::new(Health::default()),
+    };
+    let chat = ChatId::new(PROBE_CHAT).map_err(|e| e.to_string())?;
+    match tokio::time::timeout(TIMEOUT, agent_link::handshake(&endpoint, &chat)).await {
+        Err(_) => Err("no answer within 10 s".into()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok((conn, _))) => {
+            conn.close().await;
+            Ok(())
+        }
+    }
+}
+
+fn workspace(config: &Config) -> Result<(), String> {
+    let root = &config.workspace_root;
+    if !root.is_dir() {
+        return Err("does not exist or is not a directory".into());
+    }
+    tempfile::Builder::new()
+        .prefix(".doctor-")
+        .tempfile_in(root)
+        .map(drop)
+        .map_err(|e| format!("not writable: {e}"))
+}
+
+async fn surface_health(http: &reqwest::Client, config: &Config) -> Result<String, String> {
+    let mut addr = config.health_bind;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let url = format!("http://{addr}/healthz");
+    match http.get(&url).timeout(TIMEOUT).send().await {
+        Err(_) => Err(format!(
+            "no surface answers on {addr} (not running here, or SURFACE_HEALTH_BIND differs); \
+             the checks above were made without it"
+        )),
+        Ok(r) if r.status().is_success() => Ok(r.text().await.unwrap_or_default()),
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let body = r.text().await.unwrap_or_default();
+            Err(format!(
+                "running on {addr} but not ready (HTTP {status}): {}",
+                body.chars().take(200).collect::<String>()
+            ))
+        }
+    }
+}
