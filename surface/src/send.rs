@@ -317,7 +317,7 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 /// Reduces an SDK error to what [`verdict`] needs.
-fn observe(err: &matrix_sdk::Error) -> Observed {
+pub fn observe(err: &matrix_sdk::Error) -> Observed {
     match err {
         matrix_sdk::Error::Http(h) => observe_http(h),
         matrix_sdk::Error::WrongRoomState(_)

@@ -17,7 +17,8 @@ use tracing::{error, info, instrument, warn};
 
 use crate::context::Ctx;
 use crate::event::{self, Landmark, RawEvent};
-use crate::ingest;
+use crate::retry::{self, Verdict};
+use crate::{ingest, send};
 
 /// Events fetched per `/messages` page while backfilling.
 const PAGE: u32 = 50;
@@ -201,6 +202,47 @@ async fn handle(ctx: &Ctx, response: SyncResponse) {
     }
 }
 
+/// One `/messages` page back from `token`. A failure that waiting can fix (the homeserver is
+/// down or busy) is tried again until it works: the sync has already moved past these events,
+/// so giving up would lose them (the faults test found exactly that: a restart of the
+/// homeserver during a limited sync's backfill). `None` when the server refuses for good (the
+/// gap is logged) or on shutdown (a restarted surface walks back to its last journaled event).
+async fn messages_page(
+    ctx: &Ctx,
+    room: &Room,
+    token: Option<&str>,
+) -> Option<matrix_sdk::room::Messages> {
+    let mut backoff = ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build();
+    loop {
+        let mut options = MessagesOptions::backward().from(token);
+        options.limit = UInt::from(PAGE);
+        let e = match room.messages(options).await {
+            Ok(page) => return Some(page),
+            Err(e) => e,
+        };
+        let delay = match retry::verdict(&send::observe(&e)) {
+            Verdict::Permanent => {
+                warn!(error = %e, "backfill refused; events before this point may be missing");
+                return None;
+            }
+            Verdict::RateLimited(Some(d)) => d,
+            Verdict::RateLimited(None) | Verdict::Transient => {
+                backoff.next().unwrap_or(Duration::from_secs(30))
+            }
+        };
+        warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "backfill failed; trying again");
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
 /// The events of `room` not journaled yet, oldest first: the `newest` page (from sync; may be
 /// empty) and, if it does not reach back to a landmark and `more_before`, older pages from
 /// `/messages`. On a room's first sight the walk goes back to the bot's invite, so a message
@@ -236,14 +278,8 @@ async fn collect_new(
     if found.is_none() && (more_before || !known) {
         let mut token = prev_batch;
         'pages: while newest_first.len() < BACKFILL_HORIZON {
-            let mut options = MessagesOptions::backward().from(token.as_deref());
-            options.limit = UInt::from(PAGE);
-            let page = match room.messages(options).await {
-                Ok(p) => p,
-                Err(e) => {
-                    warn!(error = %e, "backfill failed; some events may be missing");
-                    break;
-                }
+            let Some(page) = messages_page(ctx, room, token.as_deref()).await else {
+                break;
             };
             for ev in &page.chunk {
                 let Some(e) = RawEvent::parse(ev) else {

@@ -35,9 +35,13 @@ fn has_line(report: &str, prefix: &str, needle: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn doctor_explains_healthy_and_silent_rooms() {
     let hs = e2e::Homeserver::from_env();
-    let mut stack = Stack::start(&hs, StackOptions::default())
-        .await
-        .expect("stack");
+    // Everyone on this homeserver may talk to the bot (the stack's default is everyone at all).
+    let mut opts = StackOptions::default();
+    opts.surface_env.insert(
+        "SURFACE_ALLOWED_USERS".into(),
+        format!("@*:{}", hs.server_name),
+    );
+    let mut stack = Stack::start(&hs, opts).await.expect("stack");
     let bot = stack.bot.user_id.clone();
     let user = E2eeUser::register(&hs, "doc").await.expect("user");
     let dm = user.create_encrypted_dm(&bot).await.expect("dm");
@@ -50,6 +54,7 @@ async fn doctor_explains_healthy_and_silent_rooms() {
 
     // Healthy.
     let (code, report) = doctor(&stack, &["--room", &dm]).await;
+    println!("surface doctor --room (healthy):\n{report}");
     assert_eq!(code, 0, "{report}");
     for check in [
         "config",
@@ -105,6 +110,7 @@ async fn doctor_explains_healthy_and_silent_rooms() {
     // The agent is down.
     stack.agent.stop().await;
     let (code, report) = doctor(&stack, &["--room", &dm]).await;
+    println!("surface doctor --room (agent down):\n{report}");
     assert_eq!(code, 1, "{report}");
     assert!(has_line(&report, "FAIL", "agent:"), "{report}");
     assert!(
