@@ -2,7 +2,8 @@
 //! to-device messages (which carry megolm room keys), so a test can deliver a message whose key
 //! reaches the recipient only later.
 //!
-//! Everything else passes unchanged. Bodies are buffered, which is fine for JSON and the small
+//! It can also break `/messages` requests for a while, as a homeserver restarting in the
+//! middle of a backfill does. Everything else passes unchanged. Bodies are buffered, which is fine for JSON and the small
 //! media of tests.
 
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,10 @@ struct Held {
 struct Mode {
     hold: bool,
     held: Vec<Held>,
+    /// Until when `/messages` requests break (a homeserver going down mid-backfill).
+    fail_messages_until: Option<std::time::Instant>,
+    /// `/messages` requests broken so far.
+    failed_messages: usize,
 }
 
 #[derive(Debug)]
@@ -87,6 +92,21 @@ impl KeyProxy {
     /// Stops holding new requests; those already held stay held until [`KeyProxy::release`].
     pub fn pass(&self) {
         self.inner.mode.lock().expect("proxy lock").hold = false;
+    }
+
+    /// For the next `span`, `/messages` requests (backfill) fail as if the homeserver went
+    /// away in the middle of the answer.
+    pub fn fail_messages_for(&self, span: Duration) {
+        self.inner
+            .mode
+            .lock()
+            .expect("proxy lock")
+            .fail_messages_until = Some(std::time::Instant::now() + span);
+    }
+
+    /// How many `/messages` requests were broken.
+    pub fn failed_messages(&self) -> usize {
+        self.inner.mode.lock().expect("proxy lock").failed_messages
     }
 
     /// How many requests are held.
@@ -165,6 +185,26 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
+    if parts.method == Method::GET && parts.uri.path().ends_with("/messages") {
+        let mut mode = inner.mode.lock().expect("proxy lock");
+        if mode
+            .fail_messages_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            mode.failed_messages += 1;
+            // As a homeserver going down mid-request: the head arrives, then the connection
+            // breaks (an HTTP error status would be retried inside matrix-sdk; a broken
+            // connection is not, as when the server is gone).
+            let broken = futures_util::stream::once(async {
+                Err::<axum::body::Bytes, _>(std::io::Error::other("upstream went away"))
+            });
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/json")
+                .body(Body::from_stream(broken))
+                .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+        }
+    }
     if parts.method == Method::PUT && parts.uri.path().contains(HELD_PATH) {
         let mut mode = inner.mode.lock().expect("proxy lock");
         if mode.hold {

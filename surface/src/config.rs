@@ -89,6 +89,8 @@ pub const DEFAULT_KEY_WAIT: Duration = Duration::from_secs(60);
 /// How often a streamed answer is edited by default: about as fast as a homeserver's default
 /// message rate limit lets a long answer go on.
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_secs(2);
+/// How the public defaults in compose.yaml and .env.example begin.
+pub const PUBLIC_DEFAULT_PREFIX: &str = "dev-only-";
 /// Default of `SURFACE_MAX_BOT_TURNS`.
 pub const DEFAULT_MAX_BOT_TURNS: u32 = 3;
 
@@ -261,6 +263,22 @@ impl Config {
             let g = WildMatch::new(g);
             g.matches(room_id) || aliases.iter().any(|a| g.matches(a))
         })
+    }
+
+    /// Secrets still set to a public default from compose.yaml / .env.example (`dev-only-…`),
+    /// by variable name: fine for a try-out on one machine, said loudly at start.
+    pub fn public_defaults(&self) -> Vec<&'static str> {
+        let public = |s: &Secret| s.expose().starts_with(PUBLIC_DEFAULT_PREFIX);
+        let mut out = Vec::new();
+        if public(&self.agent_token) {
+            out.push("AGENT_TOKEN");
+        }
+        if let Auth::Password(p) = &self.auth
+            && public(p)
+        {
+            out.push("MATRIX_PASSWORD");
+        }
+        out
     }
 
     /// Whether `user_id` is configured as a bot (`SURFACE_BOT_USERS`).
@@ -449,6 +467,21 @@ mod tests {
 
     fn load(env: &HashMap<&'static str, String>) -> Result<Config, Problems<ConfigError>> {
         Config::from_lookup(|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn public_default_secrets_are_named() {
+        let mut env = base();
+        assert!(load(&env).unwrap().public_defaults().is_empty());
+        env.insert("AGENT_TOKEN", "dev-only-agent-token-change-me".to_owned());
+        env.insert(
+            "MATRIX_PASSWORD",
+            "dev-only-bot-password-change-me".to_owned(),
+        );
+        assert_eq!(
+            load(&env).unwrap().public_defaults(),
+            ["AGENT_TOKEN", "MATRIX_PASSWORD"]
+        );
     }
 
     #[test]

@@ -70,6 +70,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         video_posters = config.ffmpeg.is_some(),
         "surface starting"
     );
+    for var in config.public_defaults() {
+        warn!(
+            var,
+            "{var} is a public default from compose.yaml (dev-only-…): anyone who reads the \
+             repository knows it; set your own in .env (e.g. `openssl rand -hex 32`)"
+        );
+    }
     let listener = health::bind(config.health_bind)
         .await
         .with_context(|| format!("SURFACE_HEALTH_BIND {} cannot be bound", config.health_bind))?;
