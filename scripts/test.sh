@@ -26,6 +26,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 scripts/synapse.sh install
+# The official MCP Python SDK: the agent's MCP tests run its servers (agent/tests/it/mcp_server.py).
+MCP_VENV="$MXBRIDGE_CACHE/mcp-venv-1.30.0"
+if ! "$MCP_VENV/bin/python" -c 'import mcp' 2>/dev/null; then
+  python3 -m venv "$MCP_VENV" && "$MCP_VENV/bin/pip" install -q 'mcp==1.30.0'
+fi
+export MXBRIDGE_MCP_PYTHON="$MCP_VENV/bin/python"
 
 # One feature resolution for every cargo command below: each selects the whole workspace
 # (`--exclude` or `-p` would unify dependency features differently and rebuild much of the tree).

@@ -1,8 +1,10 @@
 //! Typed configuration, loaded from environment variables and validated before anything binds.
 
 mod load;
+mod mcp;
 mod vars;
 
+pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, McpTransport};
 pub use vars::VARS;
 
 use std::collections::BTreeMap;
@@ -27,8 +29,12 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Which brain answers turns (`AGENT_BRAIN`).
     pub brain: BrainConfig,
-    /// Policy per tool (`AGENT_TOOL_POLICY` over the defaults); has an entry for every tool.
+    /// Policy per tool (`AGENT_TOOL_POLICY` over the defaults); has an entry for every built-in
+    /// tool, and the entries the operator gave for MCP tools (`server__tool`) and whole MCP
+    /// servers (`server__*`); an MCP tool without one is `ask`.
     pub tool_policy: BTreeMap<String, Policy>,
+    /// The MCP servers whose tools are offered next to the built-in ones.
+    pub mcp: McpConfig,
     /// Limits and timeouts.
     pub limits: Limits,
     /// Commands that exist only for tests (`sendraw`, `sleep` in the builtin brain)
@@ -234,6 +240,7 @@ impl fmt::Debug for Config {
             .field("state_dir", &self.state_dir)
             .field("brain", &self.brain)
             .field("tool_policy", &self.tool_policy)
+            .field("mcp", &self.mcp)
             .field("limits", &self.limits)
             .field("test_hooks", &self.test_hooks)
             .finish()
@@ -287,6 +294,7 @@ impl Config {
             state_dir,
             brain: BrainConfig::Builtin,
             tool_policy: default_policies(),
+            mcp: McpConfig::default(),
             limits: Limits::default(),
             test_hooks: false,
         }
@@ -410,6 +418,30 @@ mod tests {
                 "AGENT_MAX_PENDING_PER_IP: not a whole number",
             ),
             (&[TOKEN, ("AGENT_TEST_HOOKS", "yes")], "AGENT_TEST_HOOKS:"),
+            (
+                &[TOKEN, ("AGENT_MCP_SERVERS", "demo")],
+                "AGENT_MCP_SERVERS: an entry is not name=value",
+            ),
+            (
+                &[TOKEN, ("AGENT_MCP_TOKENS", "demo=x")],
+                "AGENT_MCP_TOKENS: \"demo\" is not a server",
+            ),
+            (
+                &[
+                    TOKEN,
+                    ("AGENT_MCP_SERVERS", "demo=stdio:x"),
+                    ("AGENT_MCP_CHATS", "demo=../up"),
+                ],
+                "AGENT_MCP_CHATS: demo: bad chat id",
+            ),
+            (
+                &[TOKEN, ("AGENT_MCP_TIMEOUT", "0s")],
+                "AGENT_MCP_TIMEOUT: must be greater than zero",
+            ),
+            (
+                &[TOKEN, ("AGENT_TOOL_POLICY", "demo__echo=allow")],
+                "AGENT_TOOL_POLICY: unknown tool",
+            ),
         ];
         for (vars, expected) in cases {
             let e = load(vars).unwrap_err();
@@ -450,6 +482,16 @@ mod tests {
                     "AGENT_TEST_HOOKS",
                 ],
             ),
+            // Broken MCP settings are one problem: policies of MCP tools are not checked against
+            // them.
+            (
+                &[
+                    TOKEN,
+                    ("AGENT_MCP_SERVERS", "demo=ftp://x"),
+                    ("AGENT_TOOL_POLICY", "demo__*=allow"),
+                ],
+                &["AGENT_MCP_SERVERS"],
+            ),
             // A bad ping interval is one problem: the idle timeout is not compared with it.
             (
                 &[
@@ -480,6 +522,39 @@ mod tests {
                 && e.ends_with("AGENT_MAX_PENDING: must be greater than zero"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn mcp_servers_and_their_policies() {
+        let c = load(&[
+            TOKEN,
+            (
+                "AGENT_MCP_SERVERS",
+                "demo=stdio:python3 /srv/demo.py; web=https://mcp.example/mcp",
+            ),
+            ("AGENT_MCP_TOKENS", "web=mcp-very-secret-token"),
+            ("AGENT_MCP_CHATS", "demo=r-a-1,r-b-2"),
+            ("AGENT_MCP_TIMEOUT", "5s"),
+            (
+                "AGENT_TOOL_POLICY",
+                "demo.*=allow, demo__hang=deny, web.search=ask, write_file=ask",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.mcp.timeout, Duration::from_secs(5));
+        assert_eq!(c.mcp.servers.len(), 2);
+        assert_eq!(
+            c.mcp.servers["demo"].chats.as_ref().map(|c| c.len()),
+            Some(2)
+        );
+        assert!(c.mcp.servers["web"].chats.is_none());
+        assert_eq!(c.tool_policy["demo__*"], Policy::Allow);
+        assert_eq!(c.tool_policy["demo__hang"], Policy::Deny);
+        assert_eq!(c.tool_policy["web__search"], Policy::Ask);
+        assert_eq!(c.tool_policy["write_file"], Policy::Ask);
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("very-secret"), "{debug}");
+        assert_eq!(load(&[TOKEN]).unwrap().mcp.timeout, Duration::from_secs(30));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! * [`brain`]: the `Brain` trait, the builtin command interpreter and the OpenAI client.
 //! * [`turn`]: what a running turn may do ([`turn::TurnIo`]).
 //! * [`tools`]: the typed tool registry applying the policies; the tools themselves (files,
-//!   questions, memory).
+//!   questions, memory) and those of the operator's MCP servers (`server__tool`).
 //! * [`link`]: the way from a turn to the surface and back: emit, ask, wait for approvals.
 //! * [`chat`]: one chat's durable history, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).

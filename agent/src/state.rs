@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::confine::Workspace;
 use crate::memory::{Memory, MemoryError};
 use crate::store::{Store, StoreError};
-use crate::tools::Registry;
+use crate::tools::{Hub, Registry};
 
 /// Shared state of the server. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -71,7 +71,12 @@ impl AppState {
             })?;
         let store = Store::open(&config.state_dir)?;
         let memory = Memory::open(&config.state_dir)?;
-        let registry = Arc::new(Registry::new(config.tool_policy.clone()));
+        let mut registry = Registry::new(config.tool_policy.clone());
+        if !config.mcp.servers.is_empty() {
+            // Servers start on first use: a slow or broken one never delays the agent's start.
+            registry = registry.with_mcp(Arc::new(Hub::new(&config.mcp)));
+        }
+        let registry = Arc::new(registry);
         let brain = brain::from_config(&config);
         Ok(Self {
             config: Arc::new(config),

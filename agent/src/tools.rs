@@ -5,11 +5,13 @@
 
 mod files;
 mod interact;
+mod mcp;
 mod memory;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use protocol::{Decision, ToolCallChunk, ToolResult, WorkspacePath};
@@ -20,6 +22,7 @@ use tracing::{info, instrument, warn};
 
 pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, WriteFile};
 pub use interact::{AskUserTool, DangerousAction};
+pub use mcp::{ClientError, Hub, McpClient, McpError, McpTool};
 pub use memory::{Forget, Recall, Remember};
 
 use crate::config::Policy;
@@ -37,24 +40,27 @@ pub enum ToolError {
     #[error("invalid arguments for {tool}: {reason}")]
     InvalidArgs {
         /// The tool.
-        tool: &'static str,
+        tool: String,
         /// What was wrong.
         reason: String,
     },
     /// The tool's policy is `deny`.
     #[error("{0} is not allowed by the agent's policy")]
-    Denied(&'static str),
+    Denied(String),
     /// The user did not approve the call (or did not answer in time).
     #[error("the user did not approve {tool} on {resource}")]
     NotApproved {
         /// The tool.
-        tool: &'static str,
+        tool: String,
         /// The resource.
         resource: String,
     },
     /// A workspace path was refused or missing.
     #[error(transparent)]
     Confine(#[from] ConfineError),
+    /// An MCP server could not run the call.
+    #[error(transparent)]
+    Mcp(#[from] McpError),
     /// The connection to the surface is gone.
     #[error("the surface is disconnected")]
     Disconnected,
@@ -149,7 +155,7 @@ struct Erased<T>(PhantomData<fn() -> T>);
 impl<T: Tool> Erased<T> {
     fn args(args: &serde_json::Value) -> Result<T::Args, ToolError> {
         T::Args::deserialize(args).map_err(|e| ToolError::InvalidArgs {
-            tool: T::NAME,
+            tool: T::NAME.to_owned(),
             reason: e.to_string(),
         })
     }
@@ -203,13 +209,14 @@ impl<T: Tool> DynTool for Erased<T> {
     }
 }
 
-/// A tool as offered to a model: name, description and generated JSON schema.
+/// A tool as offered to a model: name, description and JSON schema (generated for built-in
+/// tools, the server's own for MCP tools).
 #[derive(Debug, Clone)]
 pub struct ToolSpec {
     /// Tool name.
-    pub name: &'static str,
+    pub name: String,
     /// What it does.
-    pub description: &'static str,
+    pub description: String,
     /// JSON schema of its arguments.
     pub parameters: serde_json::Value,
 }
@@ -233,6 +240,8 @@ pub type TurnGrants = HashMap<(String, String), Decision>;
 pub struct Registry {
     tools: BTreeMap<&'static str, Box<dyn DynTool>>,
     policies: BTreeMap<String, Policy>,
+    /// The MCP servers' tools (`server__tool`), if any are configured.
+    mcp: Option<Arc<Hub>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -240,6 +249,7 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("tools", &self.tools.keys().collect::<Vec<_>>())
             .field("policies", &self.policies)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }
@@ -264,20 +274,41 @@ impl Registry {
         add::<Remember>(&mut tools);
         add::<Recall>(&mut tools);
         add::<Forget>(&mut tools);
-        Self { tools, policies }
+        Self {
+            tools,
+            policies,
+            mcp: None,
+        }
     }
 
-    /// The policy of a tool.
+    /// Adds the tools of the MCP servers in `hub`.
+    pub fn with_mcp(mut self, hub: Arc<Hub>) -> Self {
+        self.mcp = Some(hub);
+        self
+    }
+
+    /// The policy of a tool: its own entry; for an MCP tool, else its server's (`server__*`),
+    /// else `ask`; `deny` for a name no tool has.
     pub fn policy(&self, name: &str) -> Policy {
-        self.policies.get(name).copied().unwrap_or(Policy::Deny)
+        if let Some(p) = self.policies.get(name) {
+            return *p;
+        }
+        match self.mcp.as_deref().filter(|hub| hub.owns(name)) {
+            Some(_) => mcp::server_policy(&self.policies, name).unwrap_or(Policy::Ask),
+            None => Policy::Deny,
+        }
     }
 
-    /// The tool's own name (for metric labels: a fixed set), or `unknown` for a name no tool
-    /// has (a model may make one up).
+    /// The tool's own name (for metric labels: a fixed set), `mcp` for any MCP tool, or
+    /// `unknown` for a name no tool has (a model may make one up).
     pub fn label(&self, name: &str) -> &'static str {
-        self.tools
-            .get_key_value(name)
-            .map_or("unknown", |(k, _)| *k)
+        if let Some((k, _)) = self.tools.get_key_value(name) {
+            return k;
+        }
+        if self.mcp.as_deref().is_some_and(|hub| hub.owns(name)) {
+            return "mcp";
+        }
+        "unknown"
     }
 
     /// Whether `name` is a tool that only looks.
@@ -285,14 +316,14 @@ impl Registry {
         self.tools.get(name).is_some_and(|t| t.read_only())
     }
 
-    /// Tools a model may call (those not denied), with generated schemas.
+    /// Built-in tools a model may call (those not denied), with generated schemas.
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools
             .values()
             .filter(|t| self.policy(t.name()) != Policy::Deny)
             .map(|t| ToolSpec {
-                name: t.name(),
-                description: t.description(),
+                name: t.name().to_owned(),
+                description: t.description().to_owned(),
                 parameters: t.schema(),
             })
             .collect()
@@ -356,24 +387,34 @@ impl Registry {
         cx: &ToolCx<'_>,
         grants: &mut TurnGrants,
     ) -> Result<ToolOutput, ToolError> {
-        let tool = self
-            .tools
-            .get(name)
-            .ok_or_else(|| ToolError::UnknownTool(name.to_owned()))?;
-        let args: serde_json::Value = if arguments.trim().is_empty() {
-            serde_json::json!({})
-        } else {
-            serde_json::from_str(arguments).map_err(|e| ToolError::InvalidArgs {
-                tool: tool.name(),
-                reason: e.to_string(),
-            })?
+        let Some(tool) = self.tools.get(name) else {
+            return match &self.mcp {
+                Some(hub) if hub.owns(name) => self.run_mcp(hub, name, arguments, cx, grants).await,
+                _ => Err(ToolError::UnknownTool(name.to_owned())),
+            };
         };
+        let args = json_args(tool.name(), arguments)?;
         let (resource, summary) = tool.parse(&args, &cx.ws.scope)?;
-        match self.policy(name) {
-            Policy::Allow => {}
-            Policy::Deny => return Err(ToolError::Denied(tool.name())),
+        self.permit(tool.name(), resource, &summary, cx, grants)
+            .await?;
+        tool.call(args, cx).await
+    }
+
+    /// Applies the policy of `tool` to a call on `resource`: runs it, refuses it, or asks the
+    /// user (once per turn and resource; `allow_always` is remembered for the chat).
+    async fn permit(
+        &self,
+        tool: &str,
+        resource: String,
+        summary: &str,
+        cx: &ToolCx<'_>,
+        grants: &mut TurnGrants,
+    ) -> Result<(), ToolError> {
+        match self.policy(tool) {
+            Policy::Allow => Ok(()),
+            Policy::Deny => Err(ToolError::Denied(tool.to_owned())),
             Policy::Ask => {
-                let key = (tool.name().to_owned(), resource.clone());
+                let key = (tool.to_owned(), resource.clone());
                 let decision = if cx.link.chat.is_always_allowed(cx.user, &key).await {
                     Decision::AllowAlways
                 } else if let Some(d) = grants.get(&key) {
@@ -381,7 +422,7 @@ impl Registry {
                 } else {
                     let d = cx
                         .link
-                        .approve(cx.turn, tool.name(), &resource, &summary)
+                        .approve(cx.turn, tool, &resource, summary)
                         .await
                         .map_err(|_| ToolError::Disconnected)?;
                     grants.insert(key.clone(), d);
@@ -394,14 +435,25 @@ impl Registry {
                 };
                 if decision == Decision::Deny {
                     return Err(ToolError::NotApproved {
-                        tool: tool.name(),
+                        tool: tool.to_owned(),
                         resource,
                     });
                 }
+                Ok(())
             }
         }
-        tool.call(args, cx).await
     }
+}
+
+/// A call's JSON arguments (blank means none).
+fn json_args(tool: &str, arguments: &str) -> Result<serde_json::Value, ToolError> {
+    if arguments.trim().is_empty() {
+        return Ok(serde_json::json!({}));
+    }
+    serde_json::from_str(arguments).map_err(|e| ToolError::InvalidArgs {
+        tool: tool.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 /// Cuts `s` to at most `max` characters, marking the cut.

@@ -11,7 +11,7 @@ use crate::connection::Closed;
 use crate::describe::{FileDescription, describe};
 use crate::link::{Link, new_id};
 use crate::memory::Memory;
-use crate::tools::{Registry, ToolCx, ToolOutcome, TurnGrants};
+use crate::tools::{Registry, ToolCx, ToolOutcome, ToolSpec, TurnGrants};
 
 /// What a brain gets to act during one turn.
 #[derive(Debug)]
@@ -64,6 +64,11 @@ impl TurnIo {
     /// The tools (for their schemas).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The tools this chat may call, MCP servers' included (which may start them).
+    pub async fn tool_specs(&self) -> Vec<ToolSpec> {
+        self.registry.specs_for(self.ws.scope.chat()).await
     }
 
     /// Streams answer text to the surface.

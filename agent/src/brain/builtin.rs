@@ -11,6 +11,7 @@ use protocol::WorkspacePath;
 use serde_json::json;
 
 use super::{Brain, BrainError, TurnInput};
+use crate::config::MCP_SEPARATOR;
 use crate::describe::display_name;
 use crate::memory::parse_id;
 use crate::turn::TurnIo;
@@ -49,6 +50,7 @@ const HELP: &str = "I understand these commands:\n\
 - `remember room <fact>`: remember a fact for everyone in this room\n\
 - `recall [words]`: what I remember for you and this room (only facts containing <words>)\n\
 - `forget <id>`: forget a fact by the id `recall` shows\n\
+- `mcp <server>.<tool> <json arguments>`: call a tool of one of the agent's MCP servers\n\
 Attach files and I describe them: name, MIME type, size, sha256, image size, first lines.";
 
 /// A parsed command (decided before anything is done).
@@ -82,6 +84,9 @@ pub enum Command<'a> {
     Recall(Option<&'a str>),
     /// `forget <id>`
     Forget(&'a str),
+    /// `mcp <server>.<tool> [json arguments]`: the tool's registry name (`server__tool`) and
+    /// its arguments.
+    Mcp(String, &'a str),
     /// `sleep <ms>` (test hook)
     Sleep(u64),
     /// `approve3 <anything>` (test hook): the same action needing approval, three times in one
@@ -127,6 +132,18 @@ pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
         },
         "recall" => Command::Recall((!rest.is_empty()).then_some(rest)),
         "forget" if !rest.is_empty() => Command::Forget(rest),
+        "mcp" if !rest.is_empty() => {
+            let (tool, args) = match rest.split_once(char::is_whitespace) {
+                Some((tool, args)) => (tool, args.trim()),
+                None => (rest, ""),
+            };
+            // `server.tool` as people write it; `server__tool` as models do.
+            let name = match tool.split_once('.') {
+                Some((server, tool)) => format!("{server}{MCP_SEPARATOR}{tool}"),
+                None => tool.to_owned(),
+            };
+            Command::Mcp(name, args)
+        }
         "sleep" if test_hooks => match rest.parse::<u64>() {
             Ok(ms) => Command::Sleep(ms.min(MAX_SLEEP_MS)),
             Err(_) => Command::Other(text),
@@ -240,6 +257,14 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
                 format!("Forgot {}.", quoted(id))
             } else {
                 format!("I could not forget {}: {}", quoted(id), out.output)
+            }
+        }
+        Command::Mcp(name, args) => {
+            let out = io.call_tool(&name, args).await;
+            if out.ok {
+                out.output
+            } else {
+                format!("The MCP call failed: {}", out.output)
             }
         }
         Command::ApproveThrice(action) => {
@@ -453,6 +478,12 @@ mod tests {
             ("recall  green tea ", Command::Recall(Some("green tea"))),
             ("forget u3", Command::Forget("u3")),
             ("forget", Command::Other("forget")),
+            (
+                r#"mcp demo.echo {"text": "hi"}"#,
+                Command::Mcp("demo__echo".into(), r#"{"text": "hi"}"#),
+            ),
+            ("mcp demo__echo", Command::Mcp("demo__echo".into(), "")),
+            ("mcp", Command::Other("mcp")),
             ("hello there", Command::Other("hello there")),
         ];
         for (input, expected) in cases {

@@ -65,8 +65,8 @@ impl OpenAi {
     async fn run(&self, input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
         let mut messages = self.conversation(input, io);
         let tools: Vec<Value> = io
-            .registry()
-            .specs()
+            .tool_specs()
+            .await
             .into_iter()
             .map(|s| {
                 json!({

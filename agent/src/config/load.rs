@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use settings::Problems;
 
+use super::mcp::{self, MCP_SEPARATOR, McpConfig, McpServerConfig};
 use super::{
     BrainConfig, Config, ConfigError, Limits, ModelTuning, OpenAiConfig, Policy, Secret,
     TOOL_NAMES, default_policies, err,
@@ -32,9 +33,12 @@ impl Config {
         let token = r.token();
         let workspace_root = r.absolute_path("WORKSPACE_ROOT", "/workspace");
         let state_dir = r.absolute_path("AGENT_STATE_DIR", "/var/lib/agent");
+        let mcp = r.mcp();
         let tool_policy = {
             let spec = r.get("AGENT_TOOL_POLICY").unwrap_or_default();
-            r.check(parse_policy(&spec))
+            // With broken MCP settings, MCP entries are not checked against them: one problem.
+            let servers = mcp.as_ref().map(|m| &m.servers);
+            r.check(parse_policy(&spec, servers))
         };
         let brain = r.brain();
         let limits = r.limits();
@@ -51,6 +55,7 @@ impl Config {
                 state_dir: state_dir?,
                 brain: brain?,
                 tool_policy: tool_policy?,
+                mcp: mcp?,
                 limits: limits?,
                 test_hooks: test_hooks?,
             })
@@ -135,6 +140,26 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
             Ok(n) => Some(n),
             Err(e) => self.fail(var, format!("not a whole number: {e}")),
         }
+    }
+
+    fn mcp(&mut self) -> Option<McpConfig> {
+        let timeout = self.duration("AGENT_MCP_TIMEOUT", McpConfig::default().timeout);
+        let servers = self.get("AGENT_MCP_SERVERS").unwrap_or_default();
+        let mut servers = self.check(mcp::parse_servers(&servers));
+        let tokens = self.get("AGENT_MCP_TOKENS").unwrap_or_default();
+        let chats = self.get("AGENT_MCP_CHATS").unwrap_or_default();
+        if let Some(s) = servers.as_mut() {
+            let tokens = mcp::add_tokens(s, &tokens);
+            let chats = mcp::add_chats(s, &chats);
+            // `|`, not `||`: both are reported.
+            if self.check(tokens).is_none() | self.check(chats).is_none() {
+                servers = None;
+            }
+        }
+        Some(McpConfig {
+            servers: servers?,
+            timeout: timeout?,
+        })
     }
 
     fn brain(&mut self) -> Option<BrainConfig> {
@@ -242,8 +267,13 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
     }
 }
 
-/// Parses `tool=policy,tool=policy` over the default policies.
-fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
+/// Parses `tool=policy,tool=policy` over the default policies. Besides the built-in tools it
+/// takes MCP tools (`server__tool` or `server.tool`) and whole MCP servers (`server__*` or
+/// `server.*`) of the configured `servers` (any server when those are unknown: broken).
+fn parse_policy(
+    spec: &str,
+    servers: Option<&BTreeMap<String, McpServerConfig>>,
+) -> Result<BTreeMap<String, Policy>, ConfigError> {
     const VAR: &str = "AGENT_TOOL_POLICY";
     let mut policies = default_policies();
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -251,21 +281,42 @@ fn parse_policy(spec: &str) -> Result<BTreeMap<String, Policy>, ConfigError> {
             .split_once('=')
             .ok_or_else(|| err(VAR, format!("{item:?} is not tool=policy")))?;
         let (tool, policy) = (tool.trim(), policy.trim());
-        let slot = policies.get_mut(tool).ok_or_else(|| {
-            err(
-                VAR,
-                format!(
-                    "unknown tool {tool:?}; known tools: {}",
-                    TOOL_NAMES.join(", ")
-                ),
-            )
-        })?;
-        *slot = policy.parse().map_err(|_| {
+        let policy = policy.parse().map_err(|_| {
             err(
                 VAR,
                 format!("unknown policy {policy:?} for {tool}; expected allow, ask or deny"),
             )
         })?;
+        if let Some(slot) = policies.get_mut(tool) {
+            *slot = policy;
+            continue;
+        }
+        let mcp_tool = mcp_policy_key(tool)
+            .filter(|(server, _)| servers.is_none_or(|s| s.contains_key(server.as_str())));
+        let Some((server, tool)) = mcp_tool else {
+            return Err(err(
+                VAR,
+                format!(
+                    "unknown tool {tool:?}; known tools: {}, and server__tool or server__* \
+                     of the servers in AGENT_MCP_SERVERS",
+                    TOOL_NAMES.join(", ")
+                ),
+            ));
+        };
+        policies.insert(format!("{server}{MCP_SEPARATOR}{tool}"), policy);
     }
     Ok(policies)
+}
+
+/// `server__tool`, `server.tool`, `server__*` or `server.*` as (server, tool or `*`).
+fn mcp_policy_key(key: &str) -> Option<(String, String)> {
+    let (server, tool) = key
+        .split_once(MCP_SEPARATOR)
+        .or_else(|| key.split_once('.'))?;
+    let valid_tool = tool == "*"
+        || (!tool.is_empty()
+            && tool
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+    (!server.is_empty() && valid_tool).then(|| (server.to_owned(), tool.to_owned()))
 }

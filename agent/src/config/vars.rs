@@ -32,7 +32,26 @@ pub const VARS: &[Var] = &[
     Var::new(
         "AGENT_TOOL_POLICY",
         "",
-        "per-tool allow/ask/deny, e.g. dangerous_action=ask",
+        "per-tool allow/ask/deny, e.g. dangerous_action=ask,demo__*=allow (MCP tools: ask)",
+    ),
+    Var::new(
+        "AGENT_MCP_SERVERS",
+        "",
+        "MCP servers: name=stdio:<command line> or name=http(s)://…, separated by ;",
+    ),
+    Var::secret(
+        "AGENT_MCP_TOKENS",
+        "bearer tokens of HTTP MCP servers: name=token;… (never logged)",
+    ),
+    Var::new(
+        "AGENT_MCP_CHATS",
+        "",
+        "MCP servers only some chats may use: name=chat_id,chat_id;…",
+    ),
+    Var::new(
+        "AGENT_MCP_TIMEOUT",
+        "30s",
+        "longest wait for an MCP server to start or answer a call",
     ),
     Var::new(
         "AGENT_TEST_HOOKS",

@@ -10,6 +10,7 @@ mod doctor;
 mod fuzz;
 mod history_cost;
 mod hostile;
+mod mcp;
 mod memory;
 mod metrics;
 mod model_faults;

@@ -15,18 +15,18 @@ use serde_json::{Value, json};
 use crate::support::*;
 
 /// Each request the fake server got: its `Authorization` header and JSON body.
-type Requests = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+pub(crate) type Requests = Arc<Mutex<Vec<(Option<String>, Value)>>>;
 
 /// A fake chat-completions server answering each request with the next scripted stream.
 #[derive(Clone, Default)]
-struct Fake {
-    requests: Requests,
+pub(crate) struct Fake {
+    pub(crate) requests: Requests,
     script: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Fake {
     /// Starts the server; returns its base URL (ending in `/v1`).
-    async fn start(&self, script: Vec<String>) -> String {
+    pub(crate) async fn start(&self, script: Vec<String>) -> String {
         *self.script.lock().unwrap() = script.into();
         let router = axum::Router::new()
             .route("/v1/chat/completions", post(completions))
@@ -38,13 +38,13 @@ impl Fake {
     }
 }
 
-fn sse(chunks: &[Value]) -> String {
+pub(crate) fn sse(chunks: &[Value]) -> String {
     let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
     body.push_str("data: [DONE]\n\n");
     body
 }
 
-fn tool_call(index: usize, id: &str, name: &str, arguments: &str) -> Value {
+pub(crate) fn tool_call(index: usize, id: &str, name: &str, arguments: &str) -> Value {
     json!({"choices":[{"delta":{"tool_calls":[
         {"index":index,"id":id,"type":"function","function":{"name":name,"arguments":arguments}}
     ]}}]})
