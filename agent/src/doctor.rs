@@ -5,7 +5,6 @@
 
 mod observe;
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -15,50 +14,7 @@ use settings::Problems;
 pub use self::observe::{BindSeen, DirSeen, ModelsSeen, SentinelSeen};
 use crate::config::{BrainConfig, Config, ConfigError, OpenAiConfig};
 use crate::server::without_userinfo;
-
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// As it should be.
-    Ok,
-    /// Works, but may not be what the operator wants (e.g. the agent is not running yet).
-    Warn,
-    /// The agent cannot work this way.
-    Fail,
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// How it came out.
-    pub level: Level,
-    /// What was checked: a variable name or a short noun.
-    pub check: &'static str,
-    /// What was found, one sentence without secrets.
-    pub text: String,
-}
-
-impl Finding {
-    fn new(level: Level, check: &'static str, text: impl Into<String>) -> Self {
-        Self {
-            level,
-            check,
-            text: text.into(),
-        }
-    }
-}
-
-/// `ok    <check>: <text>`, `warn  …` or `FAIL  …`.
-impl fmt::Display for Finding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let level = match self.level {
-            Level::Ok => "ok",
-            Level::Warn => "warn",
-            Level::Fail => "FAIL",
-        };
-        write!(f, "{level:<4}  {}: {}", self.check, self.text)
-    }
-}
+pub use settings::{Finding, Level};
 
 /// The findings and the exit code of `agent doctor`.
 #[derive(Debug, Clone, PartialEq, Eq)]

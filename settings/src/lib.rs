@@ -206,6 +206,51 @@ impl<E: std::fmt::Display> std::fmt::Display for Problems<E> {
 
 impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for Problems<E> {}
 
+/// How a `doctor` check came out (both binaries' `doctor` subcommands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// As it should be.
+    Ok,
+    /// Works, but an operator should know.
+    Warn,
+    /// Messages will not be answered (or the program cannot work) until this is fixed.
+    Fail,
+}
+
+/// One line of a `doctor` report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// How it came out.
+    pub level: Level,
+    /// What was checked: a variable name or a short noun.
+    pub check: &'static str,
+    /// What was found, and what to do about it; one sentence without secrets.
+    pub text: String,
+}
+
+impl Finding {
+    /// A finding.
+    pub fn new(level: Level, check: &'static str, text: impl Into<String>) -> Self {
+        Self {
+            level,
+            check,
+            text: text.into(),
+        }
+    }
+}
+
+/// `ok    <check>: <text>`, `warn  …` or `FAIL  …`.
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let level = match self.level {
+            Level::Ok => "ok",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        write!(f, "{level:<4}  {}: {}", self.check, self.text)
+    }
+}
+
 /// The flag of a variable: `MATRIX_HOMESERVER_URL` → `matrix-homeserver-url`.
 pub fn flag_of(name: &str) -> String {
     name.to_ascii_lowercase().replace('_', "-")

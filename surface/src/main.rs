@@ -99,7 +99,7 @@ async fn run_doctor(
     };
     let findings = surface::doctor::examine(&config, room, sender).await;
     for f in &findings {
-        let _ = writeln!(out, "{}", f.line());
+        let _ = writeln!(out, "{f}");
     }
     ExitCode::from(surface::doctor::exit_code(&findings))
 }

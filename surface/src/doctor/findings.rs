@@ -4,48 +4,7 @@
 use crate::config::Config;
 use crate::decide::{self, Decision, Facts, IgnoreReason};
 use crate::journal::RoomView;
-
-/// How bad a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// As it should be.
-    Ok,
-    /// Works, but an operator should know.
-    Warn,
-    /// Messages will not be answered until this is fixed.
-    Fail,
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// How bad.
-    pub level: Level,
-    /// What was checked (`homeserver`, `login`, `room`…).
-    pub check: &'static str,
-    /// What was found, and what to do about it.
-    pub text: String,
-}
-
-impl Finding {
-    fn new(level: Level, check: &'static str, text: impl Into<String>) -> Self {
-        Self {
-            level,
-            check,
-            text: text.into(),
-        }
-    }
-
-    /// `ok    check: text`.
-    pub fn line(&self) -> String {
-        let level = match self.level {
-            Level::Ok => "ok  ",
-            Level::Warn => "warn",
-            Level::Fail => "FAIL",
-        };
-        format!("{level}  {}: {}", self.check, self.text)
-    }
-}
+pub use settings::{Finding, Level};
 
 /// Who the bot is logged in as, per the homeserver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -659,7 +618,7 @@ mod tests {
         });
         let fs = findings(&config(&[]), &o);
         assert!(find(&fs, Level::Ok, "verdict").is_some(), "{fs:#?}");
-        let line = fs.last().unwrap().line();
+        let line = fs.last().unwrap().to_string();
         assert!(line.starts_with("ok    verdict: "), "{line}");
     }
 }

@@ -62,6 +62,17 @@ impl Cs {
     }
 }
 
+/// The strings of a JSON array (none when it is not one).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Path segment encoding for ids (`!room:hs`, `@user:hs`).
 fn seg(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes())
@@ -86,16 +97,10 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         base,
         token: token.clone(),
     };
-    let homeserver = cs.get("/_matrix/client/versions").await.map(|v| {
-        v["versions"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
+    let homeserver = cs
+        .get("/_matrix/client/versions")
+        .await
+        .map(|v| strings(&v["versions"]));
     let login = match (&homeserver, &token) {
         (Err(_), _) => Login::Unknown,
         (Ok(_), None) => Login::NoSession,
@@ -112,16 +117,7 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         cs.get("/_matrix/client/v3/joined_rooms")
             .await
             .ok()
-            .map(|v| {
-                v["joined_rooms"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|x| x.as_str().map(str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            })
+            .map(|v| strings(&v["joined_rooms"]))
     } else {
         None
     };
