@@ -18,9 +18,7 @@ use axum::routing::get;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use protocol::{ChatId, MAX_MESSAGE_BYTES};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use protocol::{ChatId, MAX_MESSAGE_BYTES, Secret};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -216,7 +214,7 @@ async fn agent_ws(
     headers: HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    if !authorized(&headers, state.config.token.expose()) {
+    if !authorized(&headers, &state.config.token) {
         warn!("refused a connection without a valid token");
         return (
             StatusCode::UNAUTHORIZED,
@@ -250,17 +248,12 @@ async fn agent_ws(
 }
 
 /// Checks `Authorization: Bearer <token>` in constant time (hashing first hides the length).
-fn authorized(headers: &HeaderMap, token: &str) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    let given = Sha256::digest(given.trim().as_bytes());
-    let expected = Sha256::digest(token.as_bytes());
-    given.as_slice().ct_eq(expected.as_slice()).into()
+fn authorized(headers: &HeaderMap, token: &Secret) -> bool {
+    token.matches_bearer(
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )
 }
 
 #[cfg(test)]
@@ -285,7 +278,7 @@ mod tests {
 
     #[test]
     fn bearer_checks() {
-        let token = "0123456789abcdef";
+        let token = &Secret::new("0123456789abcdef");
         let mut h = HeaderMap::new();
         assert!(!authorized(&h, token));
         h.insert(

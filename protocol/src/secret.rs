@@ -18,6 +18,19 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// Whether an `Authorization` header value is `Bearer <this secret>`, compared in constant
+    /// time (both sides hashed first, so the length does not show either).
+    pub fn matches_bearer(&self, authorization: Option<&str>) -> bool {
+        use sha2::{Digest, Sha256};
+        use subtle::ConstantTimeEq;
+        let Some(given) = authorization.and_then(|v| v.strip_prefix("Bearer ")) else {
+            return false;
+        };
+        let given = Sha256::digest(given.trim().as_bytes());
+        let expected = Sha256::digest(self.0.as_bytes());
+        given.as_slice().ct_eq(expected.as_slice()).into()
+    }
 }
 
 impl fmt::Debug for Secret {
@@ -36,5 +49,21 @@ mod tests {
         assert_eq!(format!("{s:?}"), "[redacted]");
         assert_eq!(format!("{:?}", Some(s.clone())), "Some([redacted])");
         assert_eq!(s.expose(), "syt_very_secret");
+    }
+
+    #[test]
+    fn bearer_headers() {
+        let s = Secret::new("tok-1234567890abcdef");
+        for (header, ok) in [
+            (Some("Bearer tok-1234567890abcdef"), true),
+            (Some("Bearer tok-1234567890abcdef "), true),
+            (Some("Bearer tok-1234567890abcdeF"), false),
+            (Some("bearer tok-1234567890abcdef"), false),
+            (Some("tok-1234567890abcdef"), false),
+            (Some("Bearer "), false),
+            (None, false),
+        ] {
+            assert_eq!(s.matches_bearer(header), ok, "{header:?}");
+        }
     }
 }

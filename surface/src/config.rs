@@ -82,6 +82,19 @@ pub struct Config {
     /// `MATRIX_RECOVERY_KEY`: the recovery key (or passphrase) that restores the bot's
     /// cross-signing identity and key backup on a new state directory.
     pub recovery_key: Option<Secret>,
+    /// `SURFACE_MCP_BIND` and friends: the MCP server for outside orchestrators (`None`: off).
+    pub mcp: Option<McpServer>,
+}
+
+/// The MCP server's settings.
+#[derive(Debug, Clone)]
+pub struct McpServer {
+    /// `SURFACE_MCP_BIND`: where it listens (path `/mcp`).
+    pub bind: SocketAddr,
+    /// `SURFACE_MCP_TOKEN`: the bearer token clients present.
+    pub token: Secret,
+    /// `SURFACE_MCP_SEND`: whether clients may post to rooms.
+    pub send: bool,
 }
 
 /// How long a chat waits for a late room key by default.
@@ -224,6 +237,11 @@ impl Config {
             }),
         });
         let recovery_key = get("MATRIX_RECOVERY_KEY").map(Secret::new);
+        let mcp = p.take(mcp_server(
+            get("SURFACE_MCP_BIND"),
+            get("SURFACE_MCP_TOKEN"),
+            get("SURFACE_MCP_SEND"),
+        ));
 
         let built = (|| {
             Some(Self {
@@ -247,6 +265,7 @@ impl Config {
                 key_wait: key_wait?,
                 stream_interval: stream_interval?,
                 recovery_key,
+                mcp: mcp?,
             })
         })();
         p.finish(built)
@@ -315,6 +334,45 @@ fn auth(
             "set MATRIX_ACCESS_TOKEN + MATRIX_DEVICE_ID, or MATRIX_PASSWORD",
         )),
     }
+}
+
+fn mcp_server(
+    bind: Option<String>,
+    token: Option<String>,
+    send: Option<String>,
+) -> Result<Option<McpServer>, ConfigError> {
+    let send = match send.as_deref() {
+        None => false,
+        Some(v) => {
+            parse_bool(v).ok_or_else(|| invalid("SURFACE_MCP_SEND", "expected true or false"))?
+        }
+    };
+    let Some(bind) = bind.filter(|b| b != "off") else {
+        return Ok(None);
+    };
+    // A bare port means loopback: the server is reachable from elsewhere only when asked.
+    let bind = match bind.parse::<u16>() {
+        Ok(port) => SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => bind.parse::<SocketAddr>().map_err(|e| {
+            invalid(
+                "SURFACE_MCP_BIND",
+                format!("expected host:port or a port ({e})"),
+            )
+        })?,
+    };
+    let token = token
+        .ok_or_else(|| invalid("SURFACE_MCP_TOKEN", "required when SURFACE_MCP_BIND is set"))?;
+    if token.chars().count() < 16 {
+        return Err(invalid(
+            "SURFACE_MCP_TOKEN",
+            "must be at least 16 characters",
+        ));
+    }
+    Ok(Some(McpServer {
+        bind,
+        token: Secret::new(token),
+        send,
+    }))
 }
 
 fn agent_url(raw: &str) -> Result<Url, ConfigError> {

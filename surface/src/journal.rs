@@ -12,6 +12,7 @@
 //! `handled`.
 
 mod edits;
+mod feed;
 mod inspect;
 mod redactions;
 mod sends;
@@ -28,6 +29,7 @@ use protocol::{ChatId, ContextMessage, UserMessage};
 use rusqlite::{Connection, OptionalExtension, params};
 
 pub use edits::EditTarget;
+pub use feed::FeedRow;
 pub use redactions::Redacted;
 pub use sends::SendState;
 pub use undecrypted::Undecrypted;
@@ -149,6 +151,9 @@ type Result<T> = std::result::Result<T, JournalError>;
 #[derive(Debug)]
 pub struct Journal {
     conn: Mutex<Connection>,
+    /// Bumped whenever the room feeds may have grown (events recorded, decrypted, or given up
+    /// on), for readers that follow them ([`Journal::changes`]).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 const SCHEMA: &str = r#"
@@ -200,6 +205,8 @@ CREATE TABLE IF NOT EXISTS sends(
     content TEXT
 );
 CREATE INDEX IF NOT EXISTS sends_event ON sends(event_id);
+CREATE INDEX IF NOT EXISTS events_room ON events(room_id, ord);
+CREATE INDEX IF NOT EXISTS turns_event ON turns(event_id);
 CREATE INDEX IF NOT EXISTS sends_thread ON sends(thread_root);
 CREATE TABLE IF NOT EXISTS room_settings(
     room_id TEXT PRIMARY KEY,
@@ -264,6 +271,7 @@ impl Journal {
         }
         Ok(Self {
             conn: Mutex::new(conn),
+            changes: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -321,7 +329,20 @@ impl Journal {
         conn.pragma_update(None, "synchronous", "FULL")?;
         let inserted = Self::record_in(&mut conn, room_id, events);
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        drop(conn);
+        if inserted.as_ref().is_ok_and(|i| i.contains(&true)) {
+            self.changed();
+        }
         inserted
+    }
+
+    /// Follows changes that may have grown a room's feed: the value changes after each one.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn record_in(conn: &mut Connection, room_id: &str, events: &[NewEvent]) -> Result<Vec<bool>> {

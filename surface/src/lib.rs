@@ -17,6 +17,7 @@ pub mod lane_registry;
 pub mod lanes;
 pub mod latency;
 pub mod logging;
+pub mod mcp;
 pub mod media;
 pub mod metrics;
 pub mod mime;
@@ -80,13 +81,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let listener = health::bind(config.health_bind)
         .await
         .with_context(|| format!("SURFACE_HEALTH_BIND {} cannot be bound", config.health_bind))?;
+    let mcp_listener = match &config.mcp {
+        None => None,
+        Some(m) => Some(
+            mcp::bind(m.bind)
+                .await
+                .with_context(|| format!("SURFACE_MCP_BIND {} cannot be bound", m.bind))?,
+        ),
+    };
     let client = session::login(&config).await?;
     info!(
         user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
         device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
         "logged in"
     );
-    run_with(config, client, listener, shutdown).await
+    run_with(config, client, listener, mcp_listener, shutdown).await
 }
 
 /// Runs the surface with a logged-in `client` and a bound health listener until `shutdown`:
@@ -95,6 +104,7 @@ pub async fn run_with(
     config: Config,
     client: Client,
     health_listener: tokio::net::TcpListener,
+    mcp_listener: Option<tokio::net::TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let workspace = Workspace::open(&config.workspace_root)
@@ -184,6 +194,9 @@ pub async fn run_with(
         started_ms,
     });
 
+    if let (Some(listener), Some(m)) = (mcp_listener, &ctx.config.mcp) {
+        tracker.spawn(mcp::serve(ctx.clone(), listener, m.token.clone()));
+    }
     tracker.spawn(probe_agent(ctx.clone()));
     tracker.spawn(outbound::run_outbox(ctx.clone()));
     tracker.spawn(outbound::run_retention(ctx.clone()));

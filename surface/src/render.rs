@@ -24,6 +24,15 @@ pub fn outbox_txn_id(path: &WorkspacePath, sha256_hex: &str) -> OwnedTransaction
     hashed_txn("outbox", &[path.as_str().as_bytes(), sha256_hex.as_bytes()])
 }
 
+/// The transaction id of a post an MCP client asked for in `room_id`: the same idempotency key
+/// posts once; without a key every call is its own post.
+pub fn mcp_txn_id(room_id: &str, key: Option<&str>) -> OwnedTransactionId {
+    match key {
+        Some(key) => hashed_txn("mcp", &[room_id.as_bytes(), key.as_bytes()]),
+        None => OwnedTransactionId::from(format!("mxbmcp{:032x}", rand::random::<u128>())),
+    }
+}
+
 /// The transaction id of a notice about event `event_id` (`kind` tells notices apart).
 pub fn notice_txn_id(event_id: &str, kind: &str) -> OwnedTransactionId {
     hashed_txn(kind, &[event_id.as_bytes()])

@@ -30,7 +30,7 @@ const SURFACE: &[&[&str]] = &[
     &["doctor", "send"],
     &["prompts"],
     &["lanes"],
-    &["ingest", "outbound"],
+    &["ingest", "mcp", "outbound"],
     &["undecrypted"],
     &["sync"],
 ];

@@ -19,6 +19,7 @@ mod large;
 mod late_keys;
 mod latency;
 mod layers;
+mod mcp;
 mod media_look;
 mod offline;
 mod operations;

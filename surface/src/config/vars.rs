@@ -104,6 +104,20 @@ pub const VARS: &[Var] = &[
         "edit a streamed answer at most this often, or off",
     ),
     Var::new(
+        "SURFACE_MCP_BIND",
+        "off",
+        "serve rooms to MCP clients at host:port/mcp (loopback unless you say)",
+    ),
+    Var::secret(
+        "SURFACE_MCP_TOKEN",
+        "bearer token MCP clients present (required with SURFACE_MCP_BIND, 16+)",
+    ),
+    Var::new(
+        "SURFACE_MCP_SEND",
+        "false",
+        "let MCP clients post (matrix.send, matrix.send_file)",
+    ),
+    Var::new(
         "LOG_FORMAT",
         "text",
         "text or json (one JSON object per line)",

@@ -35,6 +35,7 @@ impl Journal {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         Ok(Some(Self {
             conn: std::sync::Mutex::new(conn),
+            changes: tokio::sync::watch::Sender::new(0),
         }))
     }
 

@@ -62,15 +62,19 @@ impl Journal {
             )?;
         }
         tx.commit()?;
+        drop(conn);
+        self.changed();
         Ok(n == 1)
     }
 
     /// A waiting event's wait timed out: its lane goes on without it. Returns false when it was
     /// not waiting any more.
     pub fn mark_late(&self, event_id: &str) -> Result<bool> {
-        Ok(self.conn().execute(
+        let late = self.conn().execute(
             "UPDATE events SET state = 'late' WHERE event_id = ?1 AND state = 'waiting'",
             [event_id],
-        )? == 1)
+        )? == 1;
+        self.changed();
+        Ok(late)
     }
 }

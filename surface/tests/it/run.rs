@@ -244,6 +244,7 @@ async fn start(server: &MockServer, extra: &[(&str, &str)]) -> (Running, Receive
         config,
         client,
         listener,
+        None,
         shutdown.clone(),
     ));
     let running = Running {

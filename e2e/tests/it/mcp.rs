@@ -1,0 +1,211 @@
+//! The surface as an MCP server, used by an independent client (the official Python SDK,
+//! `mcp_client.py`) against the real Synapse, in an encrypted DM made by a matrix-sdk user:
+//! the client subscribes and is notified of every message the user sends, in order, once, and
+//! never of the bot's own answers; the surface is killed, more messages arrive while it is
+//! down, and after its restart the client catches up from its watermark with
+//! `matrix.read_since` and has each of them exactly once, in order. A wrong or missing token
+//! gets 401; `matrix.send` posts once per idempotency key.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use e2e::procs::free_port;
+use e2e::{E2eeUser, Stack, StackOptions};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::TURN;
+
+fn python() -> PathBuf {
+    PathBuf::from(std::env::var_os("MXBRIDGE_MCP_PYTHON").expect(
+        "MXBRIDGE_MCP_PYTHON: a Python with the `mcp` package (scripts/test.sh installs it)",
+    ))
+}
+
+fn client(url: &str, token: &str, args: &[&str]) -> tokio::process::Command {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/mcp_client.py");
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(script)
+        .arg(args[0])
+        .arg(url)
+        .args(&args[1..])
+        .env("MCP_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs the client to its end; its last stdout line as JSON.
+async fn run(url: &str, token: &str, args: &[&str]) -> Value {
+    let out = tokio::time::timeout(Duration::from_secs(200), client(url, token, args).output())
+        .await
+        .expect("the MCP client finished in time")
+        .expect("run the MCP client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mcp_client {args:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON result")
+}
+
+fn bodies(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m["body"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
+    let hs = e2e::Homeserver::from_env();
+    let port = free_port();
+    let token = "mcp-token-0123456789abcdef";
+    let mut opts = StackOptions::default();
+    for (k, v) in [
+        ("SURFACE_MCP_BIND", format!("127.0.0.1:{port}")),
+        ("SURFACE_MCP_TOKEN", token.to_owned()),
+        ("SURFACE_MCP_SEND", "true".to_owned()),
+    ] {
+        opts.surface_env.insert(k.into(), v);
+    }
+    let mut stack = Stack::start(&hs, opts).await.expect("stack");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let bot = stack.bot.user_id.clone();
+    let user = E2eeUser::register(&hs, "mcpuser").await.expect("user");
+    let room = user.create_encrypted_dm(&bot).await.expect("DM");
+    user.wait_joined(&room, &bot, TURN).await.expect("join");
+
+    // Strangers get 401 (and no session).
+    let http = reqwest::Client::new();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}"#;
+    for auth in [None, Some("Bearer wrong-token-0123456789"), Some(token)] {
+        let mut req = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(init);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let status = req.send().await.expect("POST /mcp").status();
+        assert_eq!(status.as_u16(), 401, "authorization {auth:?}");
+    }
+
+    // Subscribed: N messages from the user are notified, in order, once; the bot's answers
+    // to them (it answers each) never are.
+    const N: usize = 5;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("notified.jsonl");
+    let out_arg = out.display().to_string();
+    let n_arg = N.to_string();
+    let mut listener = client(&url, token, &["listen", &room, &n_arg, &out_arg])
+        .spawn()
+        .expect("start the MCP listener");
+    let mut lines = BufReader::new(listener.stdout.take().expect("stdout")).lines();
+    let first = tokio::time::timeout(TURN, lines.next_line())
+        .await
+        .expect("the listener subscribed in time")
+        .expect("listener stdout");
+    assert_eq!(first.as_deref(), Some("subscribed"), "{first:?}");
+    let mut sent = Vec::new();
+    for i in 1..=N {
+        let text = format!("to the orchestrator {i}");
+        user.send_text(&room, &text).await.expect("send");
+        sent.push(text);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(200), listener.wait())
+        .await
+        .expect("the listener got every message in time")
+        .expect("listener exit");
+    let mut stderr = String::new();
+    if let Some(mut e) = listener.stderr.take() {
+        use tokio::io::AsyncReadExt;
+        let _ = e.read_to_string(&mut stderr).await;
+    }
+    assert!(status.success(), "listener failed: {stderr}");
+    let notified: Vec<Value> = std::fs::read_to_string(&out)
+        .expect("notified messages")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(bodies(&notified), sent, "every message once, in order");
+    assert!(
+        notified
+            .iter()
+            .all(|m| m["sender"] == user.user_id.as_str()),
+        "only the user's messages, never the bot's: {notified:?}"
+    );
+    let watermark = notified[N - 1]["event_id"]
+        .as_str()
+        .expect("event id")
+        .to_owned();
+    // The bot answered (so there were self messages to leave out).
+    user.wait_for(TURN, "the bot's answers", || async {
+        let n = user
+            .messages_from(&room, &bot)
+            .await
+            .unwrap_or_default()
+            .len();
+        (n >= N).then_some(())
+    })
+    .await
+    .expect("answers");
+
+    // Killed; messages arrive while it is down; restarted; caught up from the watermark.
+    stack.surface.kill9().await;
+    const M: usize = 4;
+    let mut later = Vec::new();
+    for i in 1..=M {
+        let text = format!("while the surface was down {i}");
+        user.send_text(&room, &text).await.expect("send");
+        later.push(text);
+    }
+    stack.surface.start().expect("restart the surface");
+    stack.wait_surface_healthy().await;
+    let caught = run(&url, token, &["catchup", &room, &watermark, &M.to_string()]).await;
+    let messages = caught["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(bodies(&messages), later, "each exactly once, in order");
+    assert!(
+        caught["rest"].as_array().is_some_and(Vec::is_empty),
+        "{caught}"
+    );
+    assert_eq!(caught["unknown_room_is_error"], true);
+    eprintln!(
+        "mcp: notified={} caught_up_after_restart={} duplicates=0 self_messages=0",
+        notified.len(),
+        messages.len()
+    );
+
+    // matrix.send: posted once for one idempotency key, seen by the user.
+    let sent = run(
+        &url,
+        token,
+        &["send", &room, "posted by the orchestrator", "k1"],
+    )
+    .await;
+    assert_eq!(
+        sent["first"]["event_id"], sent["again"]["event_id"],
+        "{sent}"
+    );
+    let posted = user
+        .wait_for(TURN, "the orchestrator's post", || async {
+            let all = user.messages_from(&room, &bot).await.unwrap_or_default();
+            let hits: Vec<_> = all
+                .into_iter()
+                .filter(|m| m.body == "posted by the orchestrator")
+                .collect();
+            (!hits.is_empty()).then_some(hits)
+        })
+        .await
+        .expect("post");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(posted.len(), 1, "one post for one key");
+    assert!(
+        posted[0].was_encrypted,
+        "posted encrypted in an encrypted room"
+    );
+}
