@@ -284,6 +284,32 @@ impl Stack {
         })
     }
 
+    /// Starts one more agent like the stack's (same token, workspace and settings; its own port,
+    /// state directory and log, all named `name`) and waits until it is healthy. Returns it and
+    /// its `ws://` URL.
+    pub async fn start_another_agent(&self, name: &str) -> Result<(Child, String)> {
+        let port = free_port();
+        let mut env = self.agent.env.clone();
+        env.insert("AGENT_BIND".into(), format!("127.0.0.1:{port}"));
+        env.insert(
+            "AGENT_STATE_DIR".into(),
+            self._dir
+                .path()
+                .join(format!("{name}-state"))
+                .display()
+                .to_string(),
+        );
+        let log = self._dir.path().join(format!("{name}.log"));
+        let child = Child::spawn(name, bin("agent"), env, log)?;
+        wait_healthy(&child, &format!("http://127.0.0.1:{port}/healthz")).await;
+        Ok((child, format!("ws://127.0.0.1:{port}")))
+    }
+
+    /// The `ws://` URL of the stack's agent.
+    pub fn agent_ws(&self) -> String {
+        self.agent_http.replacen("http://", "ws://", 1)
+    }
+
     /// Waits until the surface's log has a line containing `needle`.
     pub async fn wait_surface_log(&self, needle: &str, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;

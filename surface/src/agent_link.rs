@@ -34,11 +34,12 @@ pub trait WorkspaceProof: Send + Sync + 'static {
     fn check_sentinel(&self, sentinel: &Sentinel) -> Result<(), String>;
 }
 
-/// Where and how to reach the agent.
+/// Where and how to reach the agents.
 #[derive(Clone)]
 pub struct AgentEndpoint {
-    /// Base `ws://` URL.
-    pub url: Url,
+    /// Base `ws://` URLs of the agents (`AGENT_URL`), never empty: each chat goes to one, in
+    /// its order of preference ([`crate::route`]).
+    pub urls: Vec<Url>,
     /// Bearer token.
     pub token: Secret,
     /// Sentinel writer/checker.
@@ -50,7 +51,7 @@ pub struct AgentEndpoint {
 impl std::fmt::Debug for AgentEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentEndpoint")
-            .field("url", &self.url.as_str())
+            .field("urls", &self.urls)
             .finish_non_exhaustive()
     }
 }
@@ -126,12 +127,14 @@ pub fn check_welcome(w: &Welcome, proof: &dyn WorkspaceProof) -> Result<(), Hand
     })
 }
 
-/// Connects and completes the handshake. Returns the connection and the welcome.
+/// Connects to the agent at `url` and completes the handshake. Returns the connection and the
+/// welcome.
 pub async fn handshake(
     endpoint: &AgentEndpoint,
+    url: &Url,
     chat: &ChatId,
 ) -> Result<(Connection, Welcome), HandshakeError> {
-    let mut conn = Connection::connect(&endpoint.url, chat, &endpoint.token).await?;
+    let mut conn = Connection::connect(url, chat, &endpoint.token).await?;
     let sentinel = endpoint.proof.write_sentinel().map_err(|e| {
         HandshakeError::Workspace(format!("cannot write the surface sentinel: {e}"))
     })?;
@@ -274,10 +277,19 @@ async fn run(
     let mut delays = backoff();
     // Non-turn messages that could not be sent yet, in order.
     let mut queued: VecDeque<ToAgent> = VecDeque::new();
+    let order: Vec<&Url> = crate::route::preference(chat.as_str(), &endpoint.urls)
+        .into_iter()
+        .map(|i| &endpoint.urls[i])
+        .collect();
+    // Which agent in the chat's order is tried next: its owner first, the next ones while it
+    // cannot be reached; every (re)connection starts from the owner again.
+    let mut next = 0;
     loop {
+        let Some(&url) = order.get(next) else { return };
+        let agent = url.as_str();
         let attempt = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = handshake(&endpoint, &chat) => r,
+            r = handshake(&endpoint, url, &chat) => r,
         };
         let (mut conn, welcome) = match attempt {
             Ok(ok) => ok,
@@ -291,9 +303,15 @@ async fn run(
                     HandshakeError::Connection(c) if c.is_auth() => {
                         error!(error = %e, "the agent refused AGENT_TOKEN")
                     }
-                    _ => warn!(error = %e, "agent not reachable, retrying"),
+                    _ => warn!(error = %e, agent, "agent not reachable, retrying"),
                 }
                 endpoint.health.set_agent(e.health());
+                // The next agent in the chat's order is tried at once; after a whole round
+                // without one, the link waits.
+                next = (next + 1) % order.len();
+                if next != 0 {
+                    continue;
+                }
                 let delay = delays.next().unwrap_or(Duration::from_secs(30));
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -303,9 +321,20 @@ async fn run(
         };
         endpoint.health.set_agent(AgentStatus::Ok);
         delays = backoff();
+        if next > 0 {
+            crate::metrics::agent_failover();
+            warn!(
+                agent,
+                owner = order[0].as_str(),
+                "chat moved to another agent while its own cannot be reached; its unfinished \
+                 turns are sent there"
+            );
+        }
+        next = 0;
         info!(
             last_seq = welcome.last_seq,
-            agent = %welcome.agent,
+            agent,
+            agent_name = %welcome.agent,
             agent_version = %welcome.agent_version,
             "connected to agent"
         );

@@ -39,8 +39,9 @@ pub struct Config {
     pub user_id: OwnedUserId,
     /// How to authenticate when no session is persisted yet.
     pub auth: Auth,
-    /// `AGENT_URL`: base `ws://` / `wss://` URL of the agent.
-    pub agent_url: Url,
+    /// `AGENT_URL`: base `ws://` / `wss://` URLs of the agents (comma-separated; each chat
+    /// goes to one of them, see [`crate::route`]). Never empty.
+    pub agent_urls: Vec<Url>,
     /// `AGENT_TOKEN`: bearer token for the agent's WebSocket.
     pub agent_token: Secret,
     /// `WORKSPACE_ROOT`: absolute path of the shared workspace.
@@ -163,7 +164,7 @@ impl Config {
             get("MATRIX_DEVICE_ID"),
             get("MATRIX_PASSWORD"),
         ));
-        let agent_url = p.take(required("AGENT_URL").and_then(|raw| agent_url(&raw)));
+        let agent_urls = p.take(required("AGENT_URL").and_then(|raw| agent_urls(&raw)));
         let agent_token = p.take(required("AGENT_TOKEN").and_then(|t| {
             if t.chars().count() < 16 {
                 Err(invalid("AGENT_TOKEN", "must be at least 16 characters"))
@@ -248,7 +249,7 @@ impl Config {
                 homeserver_url: homeserver_url?,
                 user_id: user_id?,
                 auth: auth?,
-                agent_url: agent_url?,
+                agent_urls: agent_urls?,
                 agent_token: agent_token?,
                 workspace_root: workspace_root?,
                 state_dir: state_dir?,
@@ -375,15 +376,31 @@ fn mcp_server(
     }))
 }
 
-fn agent_url(raw: &str) -> Result<Url, ConfigError> {
-    let url = Url::parse(raw).map_err(|e| invalid("AGENT_URL", e.to_string()))?;
-    if !matches!(url.scheme(), "ws" | "wss") || url.host().is_none() {
-        return Err(invalid(
-            "AGENT_URL",
-            "must be a ws:// or wss:// URL with a host",
-        ));
+fn agent_urls(raw: &str) -> Result<Vec<Url>, ConfigError> {
+    let mut urls: Vec<Url> = Vec::new();
+    for one in raw.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let url = Url::parse(one).map_err(|e| invalid("AGENT_URL", e.to_string()))?;
+        if !matches!(url.scheme(), "ws" | "wss") || url.host().is_none() {
+            return Err(invalid(
+                "AGENT_URL",
+                "each agent must be a ws:// or wss:// URL with a host",
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(invalid(
+                "AGENT_URL",
+                "no credentials in the URL: the agent's token is AGENT_TOKEN",
+            ));
+        }
+        if urls.contains(&url) {
+            return Err(invalid("AGENT_URL", format!("{url} is listed twice")));
+        }
+        urls.push(url);
     }
-    Ok(url)
+    if urls.is_empty() {
+        return Err(ConfigError::Missing("AGENT_URL"));
+    }
+    Ok(urls)
 }
 
 /// `SURFACE_ALLOWED_USERS`, or everyone on the bot's own server (`server`: `None` when
@@ -660,6 +677,22 @@ mod tests {
                 "AGENT_URL is invalid",
             ),
             ("AGENT_URL", None, "AGENT_URL is required"),
+            ("AGENT_URL", Some(" , "), "AGENT_URL is required"),
+            (
+                "AGENT_URL",
+                Some("ws://a:1,ws://a:1"),
+                "AGENT_URL is invalid: ws://a:1/ is listed twice",
+            ),
+            (
+                "AGENT_URL",
+                Some("ws://a:1,http://b:1"),
+                "AGENT_URL is invalid",
+            ),
+            (
+                "AGENT_URL",
+                Some("ws://user:pw@a:1"),
+                "AGENT_URL is invalid: no credentials",
+            ),
             ("AGENT_TOKEN", Some("short"), "AGENT_TOKEN is invalid"),
             (
                 "WORKSPACE_ROOT",

@@ -27,6 +27,7 @@ pub mod prompts;
 pub mod render;
 pub mod retention;
 pub mod retry;
+pub mod route;
 pub mod send;
 pub mod session;
 pub mod sync;
@@ -45,6 +46,7 @@ use protocol::ChatId;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
+use url::Url;
 
 use crate::agent_link::{AgentEndpoint, HandshakeError};
 use crate::config::Config;
@@ -64,7 +66,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         version = env!("CARGO_PKG_VERSION"),
         homeserver = %config.homeserver_url,
         user_id = %config.user_id,
-        agent = %config.agent_url,
+        agents = %config.agent_urls.iter().map(Url::as_str).collect::<Vec<_>>().join(","),
         health = %config.health_bind,
         workspace = %config.workspace_root.display(),
         state_dir = %config.state_dir.display(),
@@ -167,7 +169,7 @@ pub async fn run_with(
     let display_name = client.account().get_display_name().await.ok().flatten();
 
     let endpoint = AgentEndpoint {
-        url: config.agent_url.clone(),
+        urls: config.agent_urls.clone(),
         token: config.agent_token.clone(),
         proof: Arc::new(WorkspaceSentinels(workspace.clone())),
         health: health.clone(),
@@ -197,7 +199,9 @@ pub async fn run_with(
     if let (Some(listener), Some(m)) = (mcp_listener, &ctx.config.mcp) {
         tracker.spawn(mcp::serve(ctx.clone(), listener, m.token.clone()));
     }
-    tracker.spawn(probe_agent(ctx.clone()));
+    for url in ctx.config.agent_urls.clone() {
+        tracker.spawn(probe_agent(ctx.clone(), url));
+    }
     tracker.spawn(outbound::run_outbox(ctx.clone()));
     tracker.spawn(outbound::run_retention(ctx.clone()));
     tracker.spawn(undecrypted::run(ctx.clone()));
@@ -234,7 +238,7 @@ pub async fn run_with(
 
 /// Checks the agent handshake (version and shared workspace) once at start-up, so `/healthz`
 /// reports a mismatch before the first message arrives. Retries until it gets an answer.
-async fn probe_agent(ctx: Ctx) {
+async fn probe_agent(ctx: Ctx, url: Url) {
     let Ok(chat) = ChatId::new("surface-probe") else {
         return;
     };
@@ -246,21 +250,22 @@ async fn probe_agent(ctx: Ctx) {
     loop {
         let outcome = tokio::select! {
             _ = ctx.shutdown.cancelled() => return,
-            r = agent_link::handshake(&ctx.endpoint, &chat) => r,
+            r = agent_link::handshake(&ctx.endpoint, &url, &chat) => r,
         };
+        let agent = url.as_str();
         match outcome {
             Ok((conn, welcome)) => {
                 conn.close().await;
                 ctx.health.set_agent(AgentStatus::Ok);
-                info!(agent = %welcome.agent, agent_version = %welcome.agent_version, "agent handshake ok: shared workspace confirmed");
+                info!(agent, agent_name = %welcome.agent, agent_version = %welcome.agent_version, "agent handshake ok: shared workspace confirmed");
                 return;
             }
             Err(e @ (HandshakeError::Workspace(_) | HandshakeError::Version { .. })) => {
-                error!(error = %e, "AGENT CHECK FAILED: the surface and the agent do not share the workspace or protocol; nothing will be forwarded");
+                error!(error = %e, agent, "AGENT CHECK FAILED: the surface and the agent do not share the workspace or protocol; nothing will be forwarded");
                 ctx.health.set_agent(e.health());
             }
             Err(e) => {
-                warn!(error = %e, "agent not reachable yet");
+                warn!(error = %e, agent, "agent not reachable yet");
                 ctx.health.set_agent(e.health());
             }
         }

@@ -28,6 +28,11 @@ use tracing::{info, warn};
 
 use crate::context::Ctx;
 
+/// A session with neither a request from its client nor a notification to it for this long is
+/// closed (and its subscriptions with it): the clean-up of clients that vanished. Clients that
+/// follow quiet rooms ping more often than this, or subscribe again and catch up.
+pub const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
+
 /// Binds the MCP listener (before login, so a taken port fails the start at once).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
@@ -50,7 +55,11 @@ pub async fn serve(ctx: Ctx, listener: TcpListener, token: Secret) {
             let ctx = ctx.clone();
             move || Ok(handler::Session::new(ctx.clone()))
         },
-        Arc::new(LocalSessionManager::default()),
+        Arc::new({
+            let mut sessions = LocalSessionManager::default();
+            sessions.session_config.keep_alive = Some(SESSION_IDLE);
+            sessions
+        }),
         config,
     );
     let app = Router::new()

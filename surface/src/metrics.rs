@@ -22,6 +22,8 @@ pub const MEDIA_BYTES: &str = "mxbridge_surface_media_bytes_total";
 pub const MEDIA_FAILURES: &str = "mxbridge_surface_media_failures_total";
 /// Posts tried again, by `reason` (rate_limited, server_error, network, other).
 pub const SEND_RETRIES: &str = "mxbridge_surface_send_retries_total";
+/// Chats connected to another agent than their own, which could not be reached.
+pub const AGENT_FAILOVERS: &str = "mxbridge_surface_agent_failovers_total";
 /// Seconds since the last successful sync (set when scraped).
 pub const SYNC_AGE: &str = "mxbridge_surface_sync_last_success_age_seconds";
 /// Journaled events no lane has handled yet (set when scraped).
@@ -49,6 +51,10 @@ fn describe() {
     describe_counter!(EVENTS, "Timeline events journaled, by kind and outcome.");
     describe_counter!(LIMITED_SYNCS, "Syncs that came back limited (gaps).");
     describe_counter!(BACKFILLED, "Events fetched from /messages to fill gaps.");
+    describe_counter!(
+        AGENT_FAILOVERS,
+        "Chats connected to another agent because their own could not be reached."
+    );
     describe_counter!(RECOVERED, "Undecryptable events decrypted later.");
     describe_counter!(MEDIA_BYTES, Unit::Bytes, "Media bytes moved, by direction.");
     describe_counter!(MEDIA_FAILURES, "Media transfers that failed, by direction.");
@@ -84,6 +90,11 @@ pub fn media_failure(direction: &'static str) {
 /// Records a post tried again, by why.
 pub fn send_retry(reason: &'static str) {
     metrics::counter!(SEND_RETRIES, "reason" => reason).increment(1);
+}
+
+/// Records a chat connected to another agent than its own.
+pub fn agent_failover() {
+    metrics::counter!(AGENT_FAILOVERS).increment(1);
 }
 
 /// What the scrape-time gauges show.

@@ -22,6 +22,7 @@ const SURFACE: &[&[&str]] = &[
         "mime",
         "render",
         "retry",
+        "route",
     ],
     &["connection", "trust", "workspace"],
     &["agent_link", "media", "outbox", "retention", "session"],

@@ -25,6 +25,7 @@ mod offline;
 mod operations;
 mod outages;
 mod recovery;
+mod scale_out;
 mod streaming;
 
 use std::time::Duration;

@@ -31,7 +31,7 @@ pub const VARS: &[Var] = &[
     Var::new(
         "AGENT_URL",
         "",
-        "the agent, e.g. ws://agent:8700 (required)",
+        "the agent, e.g. ws://agent:8700, or several, comma-separated (required)",
     ),
     Var::secret(
         "AGENT_TOKEN",

@@ -65,8 +65,9 @@ pub struct Observations {
     pub cross_signing: Option<CrossSigning>,
     /// The server-side key backup version (`Ok(None)`: none), when logged in.
     pub backup: Option<Result<Option<String>, String>>,
-    /// The agent handshake (token, protocol version, both workspace sentinels).
-    pub agent: Result<(), String>,
+    /// The handshake with each agent of `AGENT_URL` (token, protocol version, both workspace
+    /// sentinels), by URL.
+    pub agent: Vec<(String, Result<(), String>)>,
     /// The workspace root is usable (a file can be created and removed).
     pub workspace: Result<(), String>,
     /// A running surface's `/healthz`: `Ok(body)` when 200, `Err(why)` otherwise.
@@ -160,24 +161,26 @@ pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
         ),
     ));
     out.extend(encryption(config, o));
-    out.push(match &o.agent {
+    let any_up = o.agent.iter().any(|(_, r)| r.is_ok());
+    out.extend(o.agent.iter().map(|(url, r)| match r {
         Result::Ok(()) => Finding::new(
             Ok,
             "agent",
             format!(
-                "{} answered the handshake: token, protocol version and shared workspace verified",
-                config.agent_url.as_str()
+                "{url} answered the handshake: token, protocol version and shared workspace verified"
             ),
+        ),
+        Err(e) if any_up => Finding::new(
+            Warn,
+            "agent",
+            format!("{url}: {e}; its chats go to the other agents until it is fixed"),
         ),
         Err(e) => Finding::new(
             Fail,
             "agent",
-            format!(
-                "{}: {e}; turns wait in the journal until it is fixed",
-                config.agent_url.as_str()
-            ),
+            format!("{url}: {e}; turns wait in the journal until it is fixed"),
         ),
-    });
+    }));
     out.push(match &o.workspace {
         Result::Ok(()) => Finding::new(
             Ok,
@@ -366,7 +369,7 @@ fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> V
             ..Facts::default()
         })
     };
-    let agent_down = o.agent.is_err();
+    let agent_down = !o.agent.iter().any(|(_, r)| r.is_ok());
     out.push(match (verdict(false), verdict(true)) {
         (Decision::Trigger, _) if agent_down => Finding::new(
             Fail,
@@ -455,7 +458,7 @@ mod tests {
                 device_signed: true,
             }),
             backup: Some(Ok(Some("1".into()))),
-            agent: Ok(()),
+            agent: vec![("ws://127.0.0.1:8700/".into(), Ok(()))],
             workspace: Ok(()),
             surface: Ok("{}".into()),
             journal: Ok(Some((0, 0, 0))),
@@ -519,13 +522,13 @@ mod tests {
                 "SURFACE_ALLOWED_USERS",
             ),
             (
-                |o| o.agent = Err("HTTP 401".into()),
+                |o| o.agent[0].1 = Err("HTTP 401".into()),
                 Level::Fail,
                 "verdict",
                 "once the agent is reachable",
             ),
             (
-                |o| o.agent = Err("HTTP 401".into()),
+                |o| o.agent[0].1 = Err("HTTP 401".into()),
                 Level::Fail,
                 "agent",
                 "HTTP 401",

@@ -161,7 +161,7 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         joined_rooms,
         cross_signing,
         backup,
-        agent: agent(config).await,
+        agent: agents(config).await,
         workspace: workspace(config),
         surface: surface_health(&http, config).await,
         journal: journal_counts,
@@ -264,16 +264,24 @@ async fn observe_room(
 
 /// The real handshake: proves the URL, the token, the protocol version and that both
 /// processes see the same workspace.
-async fn agent(config: &Config) -> Result<(), String> {
+async fn agents(config: &Config) -> Vec<(String, Result<(), String>)> {
+    let mut out = Vec::new();
+    for url in &config.agent_urls {
+        out.push((url.to_string(), agent(config, url).await));
+    }
+    out
+}
+
+async fn agent(config: &Config, url: &url::Url) -> Result<(), String> {
     let workspace = Workspace::open(&config.workspace_root).map_err(|e| e.to_string())?;
     let endpoint = AgentEndpoint {
-        url: config.agent_url.clone(),
+        urls: config.agent_urls.clone(),
         token: config.agent_token.clone(),
         proof: Arc::new(WorkspaceSentinels(workspace)),
         health: Arc::new(Health::default()),
     };
     let chat = ChatId::new(PROBE_CHAT).map_err(|e| e.to_string())?;
-    match tokio::time::timeout(TIMEOUT, agent_link::handshake(&endpoint, &chat)).await {
+    match tokio::time::timeout(TIMEOUT, agent_link::handshake(&endpoint, url, &chat)).await {
         Err(_) => Err("no answer within 10 s".into()),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok((conn, _))) => {

@@ -44,7 +44,7 @@ impl WorkspaceProof for FakeProof {
 
 fn endpoint(addr: std::net::SocketAddr, health: Arc<Health>) -> AgentEndpoint {
     AgentEndpoint {
-        url: format!("ws://{addr}").parse().unwrap(),
+        urls: vec![format!("ws://{addr}").parse().unwrap()],
         token: Secret::new(TOKEN),
         proof: Arc::new(FakeProof),
         health,
@@ -310,10 +310,14 @@ async fn workspace_mismatch_is_refused_and_reported() {
         .await;
     });
     for _ in 0..2 {
-        let err = agent_link::handshake(&ep, &chat).await.unwrap_err();
+        let err = agent_link::handshake(&ep, &ep.urls[0], &chat)
+            .await
+            .unwrap_err();
         assert!(matches!(err, HandshakeError::Workspace(_)), "{err}");
     }
-    let err = agent_link::handshake(&ep, &chat).await.unwrap_err();
+    let err = agent_link::handshake(&ep, &ep.urls[0], &chat)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("401"), "{err}");
     agent.await.unwrap();
 }
@@ -360,7 +364,9 @@ async fn the_token_never_reaches_the_log_at_trace() {
         send(&mut ws, welcome(0, true, AGENT_NONCE)).await;
         ws
     });
-    let (conn, _) = agent_link::handshake(&ep, &chat).await.unwrap();
+    let (conn, _) = agent_link::handshake(&ep, &ep.urls[0], &chat)
+        .await
+        .unwrap();
     let _ws = agent.await.unwrap();
     drop(conn);
 
