@@ -56,6 +56,10 @@ cargo test --workspace --test it --locked -- --test-threads 2 --nocapture
 # fails only when a measurement cannot be taken, never for a missed target.
 "$CARGO_TARGET_DIR/debug/bench" --smoke --out "$SYN_DIR/bench.json"
 
+step "kubernetes manifests"
+# deploy/k8s validated offline against the Kubernetes schemas (kubernetes-validate from PyPI).
+scripts/k8s-check.sh
+
 step "docker compose end-to-end"
 if [ -n "${MXBRIDGE_SKIP_DOCKER:-}" ]; then
   echo "DOCKER E2E NOT RUN: MXBRIDGE_SKIP_DOCKER is set"
