@@ -112,6 +112,13 @@ pub async fn run(
         workspace = %state.config.workspace_root.display(),
         "agent started"
     );
+    if state.config.token.is_public_default() {
+        warn!(
+            var = "AGENT_TOKEN",
+            "AGENT_TOKEN is a public default from compose.yaml (dev-only-…): anyone who reads \
+             the repository knows it; set your own in .env (e.g. `openssl rand -hex 32`)"
+        );
+    }
     let router = app(state);
     loop {
         let accepted = tokio::select! {

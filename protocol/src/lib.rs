@@ -10,7 +10,7 @@ pub use layout::{
 };
 pub use messages::*;
 pub use path::{MAX_COMPONENT_BYTES, MAX_DEPTH, MAX_PATH_BYTES, WorkspacePath, WorkspacePathError};
-pub use secret::Secret;
+pub use secret::{PUBLIC_DEFAULT_PREFIX, Secret};
 
 /// Version of this protocol. A peer with another version is refused at the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;

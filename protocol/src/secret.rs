@@ -8,6 +8,9 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
+/// How the public defaults in compose.yaml and .env.example begin.
+pub const PUBLIC_DEFAULT_PREFIX: &str = "dev-only-";
+
 impl Secret {
     /// Wraps a secret value.
     pub fn new(s: impl Into<String>) -> Self {
@@ -17,6 +20,12 @@ impl Secret {
     /// The secret itself, for comparing or sending; never for logging.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    /// Whether it is one of the public defaults of `compose.yaml` and `.env.example`
+    /// (`dev-only-…`): fine for a try-out on one machine, said loudly at start.
+    pub fn is_public_default(&self) -> bool {
+        self.0.starts_with(PUBLIC_DEFAULT_PREFIX)
     }
 
     /// Whether an `Authorization` header value is `Bearer <this secret>`, compared in constant
@@ -49,6 +58,12 @@ mod tests {
         assert_eq!(format!("{s:?}"), "[redacted]");
         assert_eq!(format!("{:?}", Some(s.clone())), "Some([redacted])");
         assert_eq!(s.expose(), "syt_very_secret");
+    }
+
+    #[test]
+    fn public_defaults_are_recognized() {
+        assert!(Secret::new("dev-only-agent-token-change-me").is_public_default());
+        assert!(!Secret::new("4f1c2e9a0b7d6c5e4f3a2b1c0d9e8f7a").is_public_default());
     }
 
     #[test]

@@ -103,8 +103,6 @@ pub const DEFAULT_KEY_WAIT: Duration = Duration::from_secs(60);
 /// How often a streamed answer is edited by default: about as fast as a homeserver's default
 /// message rate limit lets a long answer go on.
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_secs(2);
-/// How the public defaults in compose.yaml and .env.example begin.
-pub const PUBLIC_DEFAULT_PREFIX: &str = "dev-only-";
 /// Default of `SURFACE_MAX_BOT_TURNS`.
 pub const DEFAULT_MAX_BOT_TURNS: u32 = 3;
 
@@ -288,7 +286,7 @@ impl Config {
     /// Secrets still set to a public default from compose.yaml / .env.example (`dev-only-…`),
     /// by variable name: fine for a try-out on one machine, said loudly at start.
     pub fn public_defaults(&self) -> Vec<&'static str> {
-        let public = |s: &Secret| s.expose().starts_with(PUBLIC_DEFAULT_PREFIX);
+        let public = Secret::is_public_default;
         let mut out = Vec::new();
         if public(&self.agent_token) {
             out.push("AGENT_TOKEN");

@@ -180,17 +180,55 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
         messages.len()
     );
 
-    // matrix.send: posted once for one idempotency key, seen by the user.
+    // matrix.send: posted once for one idempotency key, seen by the user; matrix.send_file: a
+    // file the room reaches, as native media (a path out of the workspace is refused); the
+    // read marker moves.
+    let chat_dir = protocol::chat_dir(&protocol::ChatId::for_conversation(&room, None));
+    let report = format!("{}/report.txt", chat_dir.as_str());
+    let on_disk = stack.workspace.join(&report);
+    std::fs::create_dir_all(on_disk.parent().expect("parent")).expect("chat dir");
+    std::fs::write(&on_disk, "numbers for the orchestrator\n").expect("report");
     let sent = run(
         &url,
         token,
-        &["send", &room, "posted by the orchestrator", "k1"],
+        &[
+            "send",
+            &room,
+            "posted by the orchestrator",
+            "k1",
+            &report,
+            &watermark,
+        ],
     )
     .await;
     assert_eq!(
         sent["first"]["event_id"], sent["again"]["event_id"],
         "{sent}"
     );
+    assert_eq!(sent["escape_refused"], true, "{sent}");
+    assert_eq!(sent["marker"]["ok"], true, "{sent}");
+    let file = user
+        .wait_for(TURN, "the orchestrator's file", || async {
+            user.messages_from(&room, &bot)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .find(|m| {
+                    m.msgtype == "m.file"
+                        && (m.filename.as_deref() == Some("report.txt") || m.body == "report.txt")
+                })
+        })
+        .await
+        .expect("file");
+    assert_eq!(
+        file.event_id,
+        sent["file"]["event_id"].as_str().unwrap_or_default()
+    );
+    let bytes = user
+        .download(file.source.as_ref().expect("media"))
+        .await
+        .expect("download");
+    assert_eq!(bytes, b"numbers for the orchestrator\n");
     let posted = user
         .wait_for(TURN, "the orchestrator's post", || async {
             let all = user.messages_from(&room, &bot).await.unwrap_or_default();

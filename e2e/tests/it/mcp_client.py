@@ -5,8 +5,10 @@
     mcp_client.py catchup URL ROOM AFTER COUNT
                                               read_since from the watermark AFTER (pages of 3)
                                               until COUNT messages; print them as JSON
-    mcp_client.py send URL ROOM TEXT KEY      matrix.send twice with one idempotency key;
-                                              print both results as JSON
+    mcp_client.py send URL ROOM TEXT KEY PATH EVENT
+                                              matrix.send twice with one idempotency key,
+                                              matrix.send_file PATH, matrix.set_read_marker
+                                              EVENT; print the results as JSON
 The token comes from MCP_TOKEN. Every step is bounded by a timeout.
 """
 
@@ -116,14 +118,36 @@ async def catchup(url, room, after, count):
     )
 
 
-async def send(url, room, text, key):
+async def send(url, room, text, key, path, event):
     async with streamablehttp_client(url, headers=headers()) as (read, write, _):
         async with ClientSession(read, write) as s:
             await s.initialize()
             args = {"room_id": room, "text": text, "idempotency_key": key}
             first = structured(await s.call_tool("matrix.send", args))
             again = structured(await s.call_tool("matrix.send", args))
-    print(json.dumps({"first": first, "again": again}), flush=True)
+            file = structured(
+                await s.call_tool("matrix.send_file", {"room_id": room, "path": path})
+            )
+            escape = await s.call_tool(
+                "matrix.send_file", {"room_id": room, "path": "../../etc/passwd"}
+            )
+            marker = structured(
+                await s.call_tool(
+                    "matrix.set_read_marker", {"room_id": room, "event_id": event}
+                )
+            )
+    print(
+        json.dumps(
+            {
+                "first": first,
+                "again": again,
+                "file": file,
+                "escape_refused": escape.isError,
+                "marker": marker,
+            }
+        ),
+        flush=True,
+    )
 
 
 def main():
@@ -133,7 +157,7 @@ def main():
     elif cmd == "catchup":
         run = catchup(url, room, rest[0], int(rest[1]))
     elif cmd == "send":
-        run = send(url, room, rest[0], rest[1])
+        run = send(url, room, *rest[:4])
     else:
         raise SystemExit(f"unknown command {cmd}")
     asyncio.run(asyncio.wait_for(run, DEADLINE + 30))
