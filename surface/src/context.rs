@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
 
 use matrix_sdk::Client;
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use protocol::Sentinel;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,7 +16,7 @@ use crate::config::Config;
 use crate::health::Health;
 use crate::journal::Journal;
 use crate::lane_registry::Lanes;
-use crate::media::UploadCache;
+use crate::media::{self, UploadCache};
 use crate::waits::Waits;
 use crate::workspace::Workspace;
 
@@ -115,6 +116,29 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Uploads the workspace file `path`, as `scope` may reach it, and builds its message
+    /// ([`media::prepare_file_message`] with this surface's cache, size limit and ffmpeg).
+    pub async fn prepare_file(
+        &self,
+        path: &protocol::WorkspacePath,
+        scope: &crate::workspace::ChatScope,
+        posting: media::Posting<'_>,
+    ) -> Result<RoomMessageEventContent, media::SendFileError> {
+        media::prepare_file_message(
+            &self.client,
+            &self.workspace,
+            path,
+            scope,
+            posting,
+            &media::Outbound {
+                cache: &self.upload_cache,
+                limit: self.config.max_file_size,
+                ffmpeg: self.config.ffmpeg.as_deref(),
+            },
+        )
+        .await
+    }
+
     /// The bot's display name, if known.
     pub fn bot_display_name(&self) -> Option<String> {
         self.bot_display_name

@@ -79,19 +79,9 @@ async fn post_outbox_file(ctx: &Ctx, item: OutboxItem) {
         }
         Ok(sha) => {
             let txn = render::outbox_txn_id(&item.path, &sha);
-            let content = media::prepare_file_message(
-                &ctx.client,
-                &ctx.workspace,
-                &item.path,
-                &scope,
-                media::Posting::default(),
-                &media::Outbound {
-                    cache: &ctx.upload_cache,
-                    limit: ctx.config.max_file_size,
-                    ffmpeg: ctx.config.ffmpeg.as_deref(),
-                },
-            )
-            .await;
+            let content = ctx
+                .prepare_file(&item.path, &scope, media::Posting::default())
+                .await;
             match content {
                 Ok(content) => {
                     let out = Outgoing {

@@ -288,22 +288,11 @@ impl Lane {
     async fn send_file(&self, turn: &mut Turn, f: SendFile) {
         let ctx = &self.ctx;
         let scope = ChatScope::new(self.chat.chat_id.clone(), self.chat.room_id.clone());
-        let result = media::prepare_file_message(
-            &ctx.client,
-            &ctx.workspace,
-            &f.path,
-            &scope,
-            media::Posting {
-                caption: f.caption.as_deref(),
-                voice: f.voice,
-            },
-            &media::Outbound {
-                cache: &ctx.upload_cache,
-                limit: ctx.config.max_file_size,
-                ffmpeg: ctx.config.ffmpeg.as_deref(),
-            },
-        )
-        .await;
+        let posting = media::Posting {
+            caption: f.caption.as_deref(),
+            voice: f.voice,
+        };
+        let result = ctx.prepare_file(&f.path, &scope, posting).await;
         let delivery = match result {
             Ok(content) => {
                 let content = turn.target.apply(content);

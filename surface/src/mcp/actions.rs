@@ -5,10 +5,12 @@
 use matrix_sdk::Room;
 use matrix_sdk::ruma::api::client::receipt::create_receipt::v3::ReceiptType;
 use matrix_sdk::ruma::events::receipt::ReceiptThread;
-use matrix_sdk::ruma::{EventId, OwnedEventId, RoomId};
+use matrix_sdk::ruma::{EventId, RoomId};
 use protocol::{ChatId, WorkspacePath};
+use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::feed;
 use crate::context::Ctx;
 use crate::media;
 use crate::render::{self, ReplyTarget};
@@ -73,7 +75,7 @@ async fn post(
     key: Option<&str>,
     target: Option<&ReplyTarget>,
     purpose: &str,
-) -> Result<OwnedEventId, String> {
+) -> Result<Value, String> {
     let txn = render::mcp_txn_id(room.room_id().as_str(), key);
     let out = Outgoing {
         txn: &txn,
@@ -84,7 +86,7 @@ async fn post(
     match send::post(ctx, room, content, out).await {
         Ok(id) => {
             info!(room_id = %room.room_id(), event_id = %id, purpose, "posted for an MCP client");
-            Ok(id)
+            Ok(json!({ "event_id": id }))
         }
         Err(PostError::Refused(r)) => Err(format!("the homeserver refused the post: {r}")),
         Err(PostError::AlreadyParked(why)) => Err(format!("this post was refused earlier: {why}")),
@@ -97,66 +99,50 @@ async fn post(
 }
 
 /// `matrix.send`: markdown text, optionally in a thread.
-pub async fn send_text(
-    ctx: &Ctx,
-    room: &Room,
-    text: &str,
-    thread_root: Option<&str>,
-    key: Option<&str>,
-) -> Result<OwnedEventId, String> {
-    if text.trim().is_empty() {
+pub async fn send_text(ctx: &Ctx, a: &feed::Send) -> Result<Value, String> {
+    let room = visible_room(ctx, &a.room_id).await?;
+    if a.text.trim().is_empty() {
         return Err("text is empty".into());
     }
-    if text.len() > MAX_TEXT_BYTES {
+    if a.text.len() > MAX_TEXT_BYTES {
         return Err(format!(
             "text is {} bytes; at most {MAX_TEXT_BYTES} are posted in one message",
-            text.len()
+            a.text.len()
         ));
     }
-    let target = thread(thread_root)?;
+    let target = thread(a.thread_root.as_deref())?;
     let content = match &target {
-        Some(t) => t.markdown(text),
-        None => render::safe_markdown(text),
+        Some(t) => t.markdown(&a.text),
+        None => render::safe_markdown(&a.text),
     };
-    post(ctx, room, content, key, target.as_ref(), "mcp").await
+    let key = a.idempotency_key.as_deref();
+    post(ctx, &room, content, key, target.as_ref(), "mcp").await
 }
 
-/// `matrix.send_file`: a workspace file the room may reach (its inbox or outbox), uploaded as
-/// native media like the agent's files.
-pub async fn send_file(
-    ctx: &Ctx,
-    room: &Room,
-    path: &str,
-    thread_root: Option<&str>,
-    key: Option<&str>,
-) -> Result<OwnedEventId, String> {
-    let path = WorkspacePath::new(path).map_err(|e| format!("path {path:?}: {e}"))?;
-    let target = thread(thread_root)?;
+/// `matrix.send_file`: a workspace file the room may reach (its inbox, outbox or chat folder),
+/// uploaded as native media like the agent's files.
+pub async fn send_file(ctx: &Ctx, a: &feed::SendFile) -> Result<Value, String> {
+    let room = visible_room(ctx, &a.room_id).await?;
+    let path = WorkspacePath::new(&a.path).map_err(|e| format!("path {:?}: {e}", a.path))?;
+    let target = thread(a.thread_root.as_deref())?;
     let room_id = room.room_id().to_string();
     let scope = ChatScope::new(ChatId::for_conversation(&room_id, None), room_id);
-    let mut content = media::prepare_file_message(
-        &ctx.client,
-        &ctx.workspace,
-        &path,
-        &scope,
-        media::Posting::default(),
-        &media::Outbound {
-            cache: &ctx.upload_cache,
-            limit: ctx.config.max_file_size,
-            ffmpeg: ctx.config.ffmpeg.as_deref(),
-        },
-    )
-    .await
-    .map_err(|e| format!("{} was not sent: {}", e.name, e.failure))?;
+    let mut content = ctx
+        .prepare_file(&path, &scope, media::Posting::default())
+        .await
+        .map_err(|e| format!("{} was not sent: {}", e.name, e.failure))?;
     if let Some(t) = &target {
         content = t.apply(content);
     }
-    post(ctx, room, content, key, target.as_ref(), "mcp-file").await
+    let key = a.idempotency_key.as_deref();
+    post(ctx, &room, content, key, target.as_ref(), "mcp-file").await
 }
 
-/// `matrix.set_read_marker`: the bot's fully-read marker and read receipt at `event_id`.
-pub async fn set_read_marker(room: &Room, event_id: &str) -> Result<(), String> {
-    let id = EventId::parse(event_id).map_err(|_| format!("{event_id} is not an event id"))?;
+/// `matrix.set_read_marker`: the bot's fully-read marker and read receipt at the event.
+pub async fn set_read_marker(ctx: &Ctx, a: &feed::ReadMarker) -> Result<Value, String> {
+    let room = visible_room(ctx, &a.room_id).await?;
+    let id =
+        EventId::parse(&a.event_id).map_err(|_| format!("{} is not an event id", a.event_id))?;
     room.send_single_receipt(
         ReceiptType::FullyRead,
         ReceiptThread::Unthreaded,
@@ -166,5 +152,6 @@ pub async fn set_read_marker(room: &Room, event_id: &str) -> Result<(), String> 
     .map_err(|e| format!("the homeserver did not take the read marker: {e}"))?;
     room.send_single_receipt(ReceiptType::Read, ReceiptThread::Unthreaded, id)
         .await
-        .map_err(|e| format!("the homeserver did not take the read receipt: {e}"))
+        .map_err(|e| format!("the homeserver did not take the read receipt: {e}"))?;
+    Ok(json!({"ok": true}))
 }

@@ -349,12 +349,7 @@ impl ServerHandler for Session {
                 Err(e) => Err(e),
             },
             "matrix.set_read_marker" => match args::<feed::ReadMarker>(&request) {
-                Ok(a) => match actions::visible_room(ctx, &a.room_id).await {
-                    Ok(room) => actions::set_read_marker(&room, &a.event_id)
-                        .await
-                        .map(|()| json!({"ok": true})),
-                    Err(e) => Err(e),
-                },
+                Ok(a) => actions::set_read_marker(ctx, &a).await,
                 Err(e) => Err(e),
             },
             "matrix.send" | "matrix.send_file" if !may_send => Err(format!(
@@ -362,33 +357,11 @@ impl ServerHandler for Session {
                 request.name
             )),
             "matrix.send" => match args::<feed::Send>(&request) {
-                Ok(a) => match actions::visible_room(ctx, &a.room_id).await {
-                    Ok(room) => actions::send_text(
-                        ctx,
-                        &room,
-                        &a.text,
-                        a.thread_root.as_deref(),
-                        a.idempotency_key.as_deref(),
-                    )
-                    .await
-                    .map(|id| json!({"event_id": id})),
-                    Err(e) => Err(e),
-                },
+                Ok(a) => actions::send_text(ctx, &a).await,
                 Err(e) => Err(e),
             },
             "matrix.send_file" => match args::<feed::SendFile>(&request) {
-                Ok(a) => match actions::visible_room(ctx, &a.room_id).await {
-                    Ok(room) => actions::send_file(
-                        ctx,
-                        &room,
-                        &a.path,
-                        a.thread_root.as_deref(),
-                        a.idempotency_key.as_deref(),
-                    )
-                    .await
-                    .map(|id| json!({"event_id": id})),
-                    Err(e) => Err(e),
-                },
+                Ok(a) => actions::send_file(ctx, &a).await,
                 Err(e) => Err(e),
             },
             other => {
