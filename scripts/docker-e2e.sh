@@ -6,8 +6,12 @@
 # needs from Debian packages, and caches them (skipped when the tag exists with the same key):
 #   * debian:bookworm-slim            debootstrap --variant=minbase bookworm, `docker import`ed
 #   * mxbridge-local/synapse:1.163.2  FROM that base: python3 + venv + pip install matrix-synapse
-#   * agent / surface runtime images  docker/prebuilt.Dockerfile over the host-built binaries
-#                                     (compose.local.yaml replaces the Rust builder stage)
+#   * mxbridge-local/rust:1.95-bookworm  FROM that base: Debian's C toolchain + this machine's
+#                                     Rust toolchain and CA bundle (stand-in for rust:1.95-bookworm)
+#   * agent / surface images          ./Dockerfile itself (BuildKit, --build-arg
+#                                     CARGO_PROFILE=image-check); or, with
+#                                     MXBRIDGE_E2E_IMAGES=prebuilt, docker/prebuilt.Dockerfile over
+#                                     host-built binaries (compose.local.yaml)
 # then runs `compose -f compose.yaml -f compose.local.yaml up`, and checks as a person would:
 #   register happened; a user (a matrix-sdk client) opens an ENCRYPTED DM with the bot, and every
 #   message both ways is checked to be m.room.encrypted on the wire; a file sent as m.file lands in the volume
@@ -22,7 +26,8 @@
 #
 # Environment (all optional):
 #   MXBRIDGE_E2E_PROJECT     compose project name (default mxbridge-e2e)
-#   MXBRIDGE_E2E_BIN_DIR     directory with prebuilt `agent` and `surface` (default: build them with
+#   MXBRIDGE_E2E_IMAGES      dockerfile (default) or prebuilt (see above)
+#   MXBRIDGE_E2E_BIN_DIR     prebuilt mode: directory with prebuilt `agent` and `surface` (default: build them with
 #                            `cargo build --workspace --all-targets` (the test command's one build,
 #                            so nothing is compiled twice) into $CARGO_TARGET_DIR, then use
 #                            $CARGO_TARGET_DIR/debug)
@@ -44,8 +49,15 @@ BASE_KEY="mxbridge-base-bookworm-minbase-v1"
 SYNAPSE_VERSION="1.163.2"
 SYNAPSE_TAG="mxbridge-local/synapse:${SYNAPSE_VERSION}"
 SYNAPSE_KEY_VERSION="mxbridge-synapse-${SYNAPSE_VERSION}-v1"
-AGENT_TAG="mxbridge-local/agent:prebuilt"
-SURFACE_TAG="mxbridge-local/surface:prebuilt"
+# dockerfile (default): the agent and surface images are built from ./Dockerfile itself, its
+# builder stage on a local stand-in for rust:1.95-bookworm (the base image plus this machine's
+# Rust toolchain); prebuilt: host-built binaries in docker/prebuilt.Dockerfile (faster, for
+# iterating on the checks).
+IMAGES="${MXBRIDGE_E2E_IMAGES:-dockerfile}"
+case "$IMAGES" in dockerfile | prebuilt) ;; *) echo "MXBRIDGE_E2E_IMAGES: dockerfile or prebuilt" >&2; exit 2 ;; esac
+AGENT_TAG="mxbridge-local/agent:$IMAGES"
+SURFACE_TAG="mxbridge-local/surface:$IMAGES"
+RUST_TAG="mxbridge-local/rust:1.95-bookworm"
 
 T_START=$(date +%s)
 TIMINGS=()
@@ -235,7 +247,14 @@ fi
 phase "synapse image"
 
 # ------------------------------------------------------------------------------------------------
-# 3. Host-built binaries -> runtime images (compose.local.yaml: docker/prebuilt.Dockerfile).
+# 3. The agent and surface images.
+#   dockerfile: ./Dockerfile's own stages, with BuildKit (its cache mounts). The builder stage
+#   runs FROM a local stand-in for rust:1.95-bookworm: the base image, Debian's C toolchain, this
+#   machine's Rust toolchain and its CA bundle (this machine's egress re-signs TLS). Built with
+#   CARGO_PROFILE=image-check (dev code, no debug info); the cargo registry and target dir stay
+#   in BuildKit's cache, so a rerun recompiles only what changed.
+#   prebuilt: host-built binaries (compose.local.yaml: docker/prebuilt.Dockerfile).
+# The host build: the Matrix user of the checks (docker_check) and, in prebuilt mode, the binaries.
 if [ -n "${MXBRIDGE_E2E_BIN_DIR:-}" ]; then
     BIN_DIR="$MXBRIDGE_E2E_BIN_DIR"
 else
@@ -243,15 +262,71 @@ else
     (cd "$REPO" && cargo build -q --workspace --all-targets --locked) || die "cargo build failed"
     BIN_DIR="$CARGO_TARGET_DIR/debug"
 fi
-for b in agent surface; do
-    [ -x "$BIN_DIR/$b" ] || die "no binary $BIN_DIR/$b"
-    # Debug info is most of a debug binary; the image does not need it.
-    objcopy --strip-debug "$BIN_DIR/$b" "$CTX/bin/$b.tmp" 2>/dev/null || cp "$BIN_DIR/$b" "$CTX/bin/$b.tmp"
-    if cmp -s "$CTX/bin/$b.tmp" "$CTX/bin/$b"; then rm -f "$CTX/bin/$b.tmp"; else mv "$CTX/bin/$b.tmp" "$CTX/bin/$b"; fi
-done
-cp "$REPO/docker/prebuilt.Dockerfile" "$REPO/docker/runtime-setup.sh" "$REPO/docker/entrypoint.sh" \
-    "$REPO/docker/healthcheck.sh" "$CTX/"
-phase "stage binaries"
+if [ "$IMAGES" = dockerfile ]; then
+    if docker buildx version >/dev/null 2>&1; then
+        bk_build() { docker buildx build --load "$@"; }
+    elif [ -x /usr/bin/docker ] && [ "$(/usr/bin/docker version -f '{{.Client.Version}}' | cut -d. -f1)" -lt 23 ]; then
+        bk_build() { DOCKER_BUILDKIT=1 /usr/bin/docker build "$@"; }
+    else
+        die "no BuildKit-capable docker client (install docker-buildx), or run with MXBRIDGE_E2E_IMAGES=prebuilt"
+    fi
+    sysroot="$(rustc --print sysroot)"
+    ca="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
+    RUST_KEY="mxbridge-rust-v1-$(rustc -V | tr -c 'a-zA-Z0-9.\n' '-')-$(sha256sum "$ca" | cut -c1-12)-${base_id#sha256:}"
+    RUST_KEY="${RUST_KEY:0:120}"
+    if [ "$(image_key "$RUST_TAG")" = "$RUST_KEY" ]; then
+        say "$RUST_TAG: cached"
+    else
+        say "$RUST_TAG: building (Debian's gcc/cmake + this machine's $(rustc -V | cut -d' ' -f1-2))"
+        builder="$PROJECT-rust-build"
+        docker rm -f "$builder" >/dev/null 2>&1 || true
+        docker run --name "$builder" -v "$sysroot:/run/toolchain:ro" -v "$ca:/run/host-ca.crt:ro" "$BASE_TAG" sh -euc '
+            export DEBIAN_FRONTEND=noninteractive
+            apt-get update -qq
+            apt-get install -y -qq --no-install-recommends ca-certificates gcc g++ libc6-dev make cmake \
+                pkg-config perl binutils >/dev/null
+            cat /run/host-ca.crt > /etc/ssl/certs/ca-certificates.crt
+            mkdir -p /usr/local/rust /usr/local/cargo
+            cp -a /run/toolchain/bin /run/toolchain/lib /usr/local/rust/
+            /usr/local/rust/bin/cargo --version
+            apt-get clean; rm -rf /var/lib/apt/lists/* /tmp/*
+        ' >"$CACHE/rust-build.log" 2>&1 \
+            || { tail -30 "$CACHE/rust-build.log"; docker rm -f "$builder" >/dev/null; die "builder image failed"; }
+        docker commit \
+            --change "LABEL mxbridge.cache-key=$RUST_KEY" \
+            --change 'ENV CARGO_HOME=/usr/local/cargo' \
+            --change 'ENV PATH=/usr/local/cargo/bin:/usr/local/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+            --change 'ENV CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt' \
+            "$builder" "$RUST_TAG" >/dev/null
+        docker rm -f "$builder" >/dev/null
+    fi
+    phase "builder image $RUST_TAG"
+    old_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG" 2>/dev/null || true)"
+    for t in agent surface; do
+        tag="mxbridge-local/$t:$IMAGES"
+        say "docker build --target $t ./Dockerfile (CARGO_PROFILE=image-check) -> $tag"
+        bk_build --build-arg RUST_IMAGE="$RUST_TAG" --build-arg RUNTIME_IMAGE="$BASE_TAG" \
+            --build-arg CARGO_PROFILE=image-check --target "$t" -t "$tag" "$REPO" \
+            >"$CACHE/dockerfile-$t.log" 2>&1 \
+            || { tail -40 "$CACHE/dockerfile-$t.log"; die "building ./Dockerfile --target $t failed"; }
+    done
+    new_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG")"
+    for id in $old_ids; do
+        grep -q "$id" <<<"$new_ids" || docker rmi "$id" >/dev/null 2>&1 || true
+    done
+    say "images from ./Dockerfile: agent $(docker image inspect -f '{{.Size}}' "$AGENT_TAG" | numfmt --to=iec), surface $(docker image inspect -f '{{.Size}}' "$SURFACE_TAG" | numfmt --to=iec)"
+    phase "images from ./Dockerfile"
+else
+    for b in agent surface; do
+        [ -x "$BIN_DIR/$b" ] || die "no binary $BIN_DIR/$b"
+        # Debug info is most of a debug binary; the image does not need it.
+        objcopy --strip-debug "$BIN_DIR/$b" "$CTX/bin/$b.tmp" 2>/dev/null || cp "$BIN_DIR/$b" "$CTX/bin/$b.tmp"
+        if cmp -s "$CTX/bin/$b.tmp" "$CTX/bin/$b"; then rm -f "$CTX/bin/$b.tmp"; else mv "$CTX/bin/$b.tmp" "$CTX/bin/$b"; fi
+    done
+    cp "$REPO/docker/prebuilt.Dockerfile" "$REPO/docker/runtime-setup.sh" "$REPO/docker/entrypoint.sh" \
+        "$REPO/docker/healthcheck.sh" "$CTX/"
+    phase "stage binaries"
+fi
 
 # Random per-run secrets and a free loopback port for Synapse.
 rand() { python3 -c 'import secrets; print(secrets.token_hex(16))'; }
@@ -311,16 +386,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "building runtime images from $CTX"
-old_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG" 2>/dev/null || true)"
-dc build agent surface >"$CACHE/compose-build.log" 2>&1 \
-    || { tail -30 "$CACHE/compose-build.log"; die "building the runtime images failed"; }
-# Drop the previous run's images when the binaries changed (repeat runs must not fill the disk).
-new_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG")"
-for id in $old_ids; do
-    grep -q "$id" <<<"$new_ids" || docker rmi "$id" >/dev/null 2>&1 || true
-done
-phase "runtime images (prebuilt)"
+if [ "$IMAGES" = prebuilt ]; then
+    say "building runtime images from $CTX"
+    old_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG" 2>/dev/null || true)"
+    dc build agent surface >"$CACHE/compose-build.log" 2>&1 \
+        || { tail -30 "$CACHE/compose-build.log"; die "building the runtime images failed"; }
+    # Drop the previous run's images when the binaries changed (repeat runs must not fill the disk).
+    new_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG")"
+    for id in $old_ids; do
+        grep -q "$id" <<<"$new_ids" || docker rmi "$id" >/dev/null 2>&1 || true
+    done
+    phase "runtime images (prebuilt)"
+fi
 
 # Two throwaway containers (agent image, then surface image, then agent again) on a fresh
 # volume: the volume inherits /workspace's owner from the image, and each side reads, appends to,
@@ -367,7 +444,8 @@ say "compose up (project $PROJECT, synapse on 127.0.0.1:$SYNAPSE_PORT)"
 # `up -d` honours the depends_on conditions (healthy / completed) in Compose v2 and 1.29 alike;
 # 1.29 has no --wait, and v2's --wait trips over the one-shot services in some versions, so the
 # final wait for the long-running services is done here.
-dc up -d || die "compose up failed"
+# The images exist (built above): never let compose build (or pull) them again.
+dc up -d --no-build || die "compose up failed"
 wait_healthy 180 synapse agent surface
 reg="$(cid_of matrix-register)"
 [ -n "$reg" ] && [ "$(docker inspect -f '{{.State.ExitCode}}' "$reg")" = 0 ] \
