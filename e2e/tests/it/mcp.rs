@@ -79,6 +79,23 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
     let room = user.create_encrypted_dm(&bot).await.expect("DM");
     user.wait_joined(&room, &bot, TURN).await.expect("join");
 
+    // The doctor sees the MCP server up and guarded.
+    let doctor = stack
+        .surface
+        .command()
+        .arg("doctor")
+        .output()
+        .await
+        .expect("surface doctor");
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("mcp:") && l.contains("may post")),
+        "{report}"
+    );
+    assert!(!report.contains(token), "the token is not in the report");
+
     // Strangers get 401 (and no session).
     let http = reqwest::Client::new();
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}"#;

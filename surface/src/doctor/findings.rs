@@ -72,6 +72,9 @@ pub struct Observations {
     pub workspace: Result<(), String>,
     /// A running surface's `/healthz`: `Ok(body)` when 200, `Err(why)` otherwise.
     pub surface: Result<String, String>,
+    /// With `SURFACE_MCP_BIND`: what an MCP request without a token got (`Ok(status)`), or why
+    /// nothing answered.
+    pub mcp: Option<Result<u16, String>>,
     /// The journal: (unhandled, waiting for keys, parked), or why it cannot be read.
     pub journal: Result<Option<(u64, u64, u64)>, String>,
     /// The room asked about.
@@ -201,6 +204,23 @@ pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
         ),
         Err(e) => Finding::new(Warn, "surface", e.clone()),
     });
+    if let (Some(m), Some(seen)) = (&config.mcp, &o.mcp) {
+        let url = format!("http://{}/mcp", m.bind);
+        let posting = if m.send { "may post" } else { "read only" };
+        out.push(match seen {
+            Result::Ok(401) => Finding::new(
+                Ok,
+                "mcp",
+                format!("{url} answers and refuses requests without the token; clients {posting}"),
+            ),
+            Result::Ok(status) => Finding::new(
+                Fail,
+                "mcp",
+                format!("{url} answered HTTP {status} without a token (expected 401): is it this surface?"),
+            ),
+            Err(e) => Finding::new(Warn, "mcp", format!("{url}: {e}")),
+        });
+    }
     out.push(match &o.journal {
         Result::Ok(None) => Finding::new(Warn, "journal", "none yet (the surface never ran here)"),
         Result::Ok(Some((unhandled, waiting, parked))) => {
@@ -461,6 +481,7 @@ mod tests {
             agent: vec![("ws://127.0.0.1:8700/".into(), Ok(()))],
             workspace: Ok(()),
             surface: Ok("{}".into()),
+            mcp: None,
             journal: Ok(Some((0, 0, 0))),
             room: Some(RoomObservation {
                 room_id: "!dm:hs".into(),
@@ -597,6 +618,30 @@ mod tests {
             assert!(text.contains(words), "case {i}: {text}");
             assert_eq!(exit_code(&fs), u8::from(*level == Level::Fail), "case {i}");
         }
+    }
+
+    #[test]
+    fn the_mcp_server_is_checked_when_configured() {
+        let off = config(&[]);
+        let on = config(&[
+            ("SURFACE_MCP_BIND", "8702"),
+            ("SURFACE_MCP_TOKEN", "mcp-token-0123456789"),
+        ]);
+        let mut o = healthy();
+        o.mcp = Some(Ok(401));
+        assert!(
+            find(&findings(&off, &o), Level::Ok, "mcp").is_none(),
+            "off: no line"
+        );
+        let line = find(&findings(&on, &o), Level::Ok, "mcp").expect("ok line");
+        assert!(
+            line.contains("http://127.0.0.1:8702/mcp") && line.contains("read only"),
+            "{line}"
+        );
+        o.mcp = Some(Ok(200));
+        assert!(find(&findings(&on, &o), Level::Fail, "mcp").is_some_and(|l| l.contains("401")));
+        o.mcp = Some(Err("nothing answers".into()));
+        assert!(find(&findings(&on, &o), Level::Warn, "mcp").is_some());
     }
 
     #[test]

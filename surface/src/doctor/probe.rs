@@ -164,6 +164,10 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         agent: agents(config).await,
         workspace: workspace(config),
         surface: surface_health(&http, config).await,
+        mcp: match &config.mcp {
+            Some(m) => Some(mcp_guarded(&http, m.bind).await),
+            None => None,
+        },
         journal: journal_counts,
         room,
     }
@@ -301,6 +305,20 @@ fn workspace(config: &Config) -> Result<(), String> {
         .tempfile_in(root)
         .map(drop)
         .map_err(|e| format!("not writable: {e}"))
+}
+
+/// An MCP request without a token: a running surface's MCP server answers 401.
+async fn mcp_guarded(http: &reqwest::Client, bind: std::net::SocketAddr) -> Result<u16, String> {
+    let mut addr = bind;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    http.post(format!("http://{addr}/mcp"))
+        .timeout(TIMEOUT)
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|_| "nothing answers (is the surface running here?)".into())
 }
 
 async fn surface_health(http: &reqwest::Client, config: &Config) -> Result<String, String> {

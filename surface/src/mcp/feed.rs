@@ -107,6 +107,20 @@ pub fn limit(asked: Option<u64>) -> usize {
     asked.map_or(DEFAULT_LIMIT, |n| (n as usize).clamp(1, MAX_LIMIT))
 }
 
+/// The tools that post as the bot: offered and run only when `SURFACE_MCP_SEND` allows.
+pub const POSTING_TOOLS: [&str; 2] = ["matrix.send", "matrix.send_file"];
+
+/// Whether a client may call `tool` on this surface: `Err` says why not.
+pub fn gate(tool: &str, may_send: bool) -> Result<(), String> {
+    if POSTING_TOOLS.contains(&tool) && !may_send {
+        Err(format!(
+            "{tool} is switched off on this surface (SURFACE_MCP_SEND)"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// `matrix.read_since` arguments.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -224,6 +238,25 @@ mod tests {
 
         let garbage = message(&row(Some("not json")));
         assert_eq!(garbage["body"], "");
+    }
+
+    #[test]
+    fn posting_is_gated() {
+        for (tool, may_send, ok) in [
+            ("matrix.read_since", false, true),
+            ("matrix.set_read_marker", false, true),
+            ("matrix.send", false, false),
+            ("matrix.send_file", false, false),
+            ("matrix.send", true, true),
+            ("matrix.send_file", true, true),
+        ] {
+            assert_eq!(gate(tool, may_send).is_ok(), ok, "{tool} {may_send}");
+        }
+        assert!(
+            gate("matrix.send", false)
+                .unwrap_err()
+                .contains("SURFACE_MCP_SEND")
+        );
     }
 
     #[test]

@@ -316,7 +316,8 @@ impl ServerHandler for Session {
                 "Moves the bot's read marker and read receipt in a room to an event.",
             ),
         ];
-        if self.ctx.config.mcp.as_ref().is_some_and(|m| m.send) {
+        let may_send = self.ctx.config.mcp.as_ref().is_some_and(|m| m.send);
+        if may_send {
             tools.push(tool::<feed::Send>(
                 "matrix.send",
                 "Posts markdown text to a room as the bot (optionally in a thread).",
@@ -336,6 +337,10 @@ impl ServerHandler for Session {
     ) -> Result<CallToolResponse, McpError> {
         let ctx = &self.ctx;
         let may_send = ctx.config.mcp.as_ref().is_some_and(|m| m.send);
+        if let Err(e) = feed::gate(&request.name, may_send) {
+            info!(tool = %request.name, reason = %e, "MCP tool call refused");
+            return Ok(result(Err(e)));
+        }
         let outcome = match request.name.as_ref() {
             "matrix.read_since" => match args::<feed::ReadSince>(&request) {
                 Ok(a) => {
@@ -352,10 +357,6 @@ impl ServerHandler for Session {
                 Ok(a) => actions::set_read_marker(ctx, &a).await,
                 Err(e) => Err(e),
             },
-            "matrix.send" | "matrix.send_file" if !may_send => Err(format!(
-                "{} is switched off on this surface (SURFACE_MCP_SEND)",
-                request.name
-            )),
             "matrix.send" => match args::<feed::Send>(&request) {
                 Ok(a) => actions::send_text(ctx, &a).await,
                 Err(e) => Err(e),
