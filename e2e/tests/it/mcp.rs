@@ -191,6 +191,10 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
         "{caught}"
     );
     assert_eq!(caught["unknown_room_is_error"], true);
+    // The `last` resource: the latest messages, oldest first, the bot's answers left out.
+    let last = caught["last"].as_array().cloned().unwrap_or_default();
+    let everything: Vec<String> = bodies(&notified).into_iter().chain(later.clone()).collect();
+    assert_eq!(bodies(&last), everything, "the last messages, in order");
     eprintln!(
         "mcp: notified={} caught_up_after_restart={} duplicates=0 self_messages=0",
         notified.len(),

@@ -104,6 +104,8 @@ async def catchup(url, room, after, count):
             bad = await s.call_tool(
                 "matrix.read_since", {"room_id": "!nope:localhost", "after_event_id": after}
             )
+            last = await s.read_resource(f"matrix://room/{room}/last")
+            latest = json.loads(last.contents[0].text)["messages"]
     ids = [m["event_id"] for m in messages]
     assert [m["event_id"] for m in first_page] == ids[: len(first_page)], (first_page, ids)
     print(
@@ -112,6 +114,7 @@ async def catchup(url, room, after, count):
                 "messages": messages,
                 "rest": rest["messages"],
                 "unknown_room_is_error": bad.isError,
+                "last": latest,
             }
         ),
         flush=True,

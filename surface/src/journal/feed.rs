@@ -71,16 +71,30 @@ impl Journal {
     /// At most `limit` feed messages of `room_id` after position `after`, in order, stopping
     /// before the first one still waiting for its room key (it comes once decrypted).
     pub fn feed_after(&self, room_id: &str, after: i64, limit: usize) -> Result<Vec<FeedRow>> {
+        self.feed_rows("e.ord > ?2 ORDER BY e.ord", room_id, after, limit)
+    }
+
+    /// The last `count` feed messages of `room_id` up to position `upto` (a [`Journal::feed_end`],
+    /// so none of them waits for a key), in order.
+    pub fn feed_last(&self, room_id: &str, upto: i64, count: usize) -> Result<Vec<FeedRow>> {
+        let mut rows = self.feed_rows("e.ord <= ?2 ORDER BY e.ord DESC", room_id, upto, count)?;
+        rows.reverse();
+        Ok(rows)
+    }
+
+    /// Feed rows of `room_id` where `order` (a condition on `?2` and the order) holds, at most
+    /// `limit`, cut before the first one still waiting for its room key.
+    fn feed_rows(&self, order: &str, room_id: &str, at: i64, limit: usize) -> Result<Vec<FeedRow>> {
         let sql = format!(
             "SELECT e.ord, e.event_id, e.sender, e.sender_name, e.origin_ts, e.thread_root, \
              e.content, e.state, e.context_json, \
              (SELECT t.message FROM turns t WHERE t.event_id = e.event_id LIMIT 1) \
-             FROM events e WHERE e.room_id = ?1 AND e.ord > ?2 \
-             AND e.disposition IN {FEED_DISPOSITIONS} ORDER BY e.ord LIMIT ?3"
+             FROM events e WHERE e.room_id = ?1 AND e.disposition IN {FEED_DISPOSITIONS} \
+             AND {order} LIMIT ?3"
         );
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map(params![room_id, after, limit as i64], |r| {
+        let rows = stmt.query_map(params![room_id, at, limit as i64], |r| {
             let state: String = r.get(7)?;
             let context: Option<String> = r.get(8)?;
             let turn: Option<String> = r.get(9)?;
@@ -187,6 +201,10 @@ mod tests {
         let (_, d) = j.feed_position("$d").unwrap().unwrap();
         assert_eq!(j.feed_end("!r:hs").unwrap(), d);
         assert!(j.feed_after("!other:hs", 0, 10).unwrap().is_empty());
+        // The last ones up to the end, in order, however many skipped events lie between.
+        assert_eq!(ids(&j.feed_last("!r:hs", d, 2).unwrap()), ["$w", "$d"]);
+        assert_eq!(ids(&j.feed_last("!r:hs", b, 10).unwrap()), ["$a", "$b"]);
+        assert!(j.feed_last("!r:hs", 0, 10).unwrap().is_empty());
         assert_eq!(j.feed_end("!other:hs").unwrap(), 0);
     }
 

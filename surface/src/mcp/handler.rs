@@ -87,18 +87,10 @@ impl Session {
         let end = j
             .feed_end(room)
             .map_err(|e| Self::journal_error(e).message.into_owned())?;
-        // Walk back from the end in pages until LAST_COUNT messages are found (or the start).
-        let mut from = end;
-        let mut rows = Vec::new();
-        while rows.len() < feed::LAST_COUNT && from > 0 {
-            from = (from - 500).max(0);
-            rows = j
-                .feed_after(room, from, feed::MAX_LIMIT)
-                .map_err(|e| Self::journal_error(e).message.into_owned())?;
-            rows.retain(|r| r.ord <= end);
-        }
-        let skip = rows.len().saturating_sub(feed::LAST_COUNT);
-        Ok(feed::batch(&rows[skip..], None))
+        let rows = j
+            .feed_last(room, end, feed::LAST_COUNT)
+            .map_err(|e| Self::journal_error(e).message.into_owned())?;
+        Ok(feed::batch(&rows, None))
     }
 
     fn subscribe_room(&self, room: String, peer: Peer<RoleServer>) -> Result<(), McpError> {
