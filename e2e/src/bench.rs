@@ -5,6 +5,7 @@
 //! never fail the process; only a measurement that cannot be taken does.
 
 mod conversation;
+mod cpu;
 mod curl;
 pub mod echo;
 mod figures;
@@ -96,13 +97,13 @@ impl Sizes {
         let pick = |flag: Option<usize>, full: usize, tiny: usize| {
             flag.unwrap_or(if smoke { tiny } else { full }).max(1)
         };
-        let pause = Duration::from_secs(2);
+        let pause = Duration::from_secs(1);
         Self {
             runs: pick(args.runs, 3, 1),
             size_mib: args.size_mib.unwrap_or(if smoke { 2 } else { 1024 }).max(1),
             messages: pick(args.messages, 100, 10),
             rooms: pick(args.rooms, 20, 2),
-            rounds: pick(args.rounds, 10, 3),
+            rounds: pick(args.rounds, 25, 3),
             pause_ms: pause.as_millis() as u64,
             sha_mib: if smoke { 32 } else { 256 },
             seq_write_mib: if smoke { 16 } else { 256 },

@@ -1,25 +1,76 @@
-//! Where the surface's own time goes, for the benchmark (`scripts/bench.sh`): from a sync
-//! response to the turn's frame at the agent (`sync_to_agent`), and from an agent message to
-//! the post it causes (`agent_to_send`). Logged at DEBUG on the target `mxbridge_latency` with
-//! the fields `leg` and `us`; nothing is recorded unless that target is enabled.
+//! Where the surface's own time goes, for the benchmark (`scripts/bench.sh`): from the `/sync`
+//! response in matrix-sdk's hands to the turn's frame at the agent (`sync_to_agent`), the part of
+//! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: decryption, its stores,
+//! its outgoing requests), and from an agent message to the post it causes (`agent_to_send`).
+//! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
+//! recorded unless that target is enabled.
+//!
+//! The moment a `/sync` response arrived is taken from matrix-sdk's own tracing ([`SyncClock`]):
+//! its HTTP client's `Got response` event inside the `send` span of a request whose `uri` ends in
+//! `/sync`. Should a matrix-sdk release rename either, `sdk_sync` lines stop and `sync_to_agent`
+//! falls back to starting when `sync_once` returns; the benchmark reports the missing leg.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::registry::LookupSpan;
+
 /// The log target of the measurements.
 pub const TARGET: &str = "mxbridge_latency";
 /// Arrivals remembered at most (events never sent as turns are dropped with the rest).
 const MAX_ARRIVALS: usize = 4096;
+/// Where matrix-sdk's HTTP client logs.
+const SDK_HTTP: &str = "matrix_sdk::http_client";
 
-static ARRIVALS: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
+/// When an event came: the `/sync` response in the SDK's hands, and the SDK handing it to us.
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    response: Instant,
+    handed: Instant,
+}
+
+static ARRIVALS: Mutex<Option<HashMap<String, Arrival>>> = Mutex::new(None);
+/// The last `/sync` response the SDK received and nobody took yet.
+static SYNC_RESPONSE: Mutex<Option<Instant>> = Mutex::new(None);
 
 fn enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
 }
 
-/// Events `event_ids` came with a sync response at `at`.
-pub fn arrived<'a>(event_ids: impl IntoIterator<Item = &'a str>, at: Instant) {
+/// Whether a `RUST_LOG` value turns the measurements on (then [`SyncClock`] is installed).
+pub fn wanted(rust_log: Option<&str>) -> bool {
+    let verbose = |l: &str| l.eq_ignore_ascii_case("debug") || l.eq_ignore_ascii_case("trace");
+    rust_log.is_some_and(|v| {
+        v.split(',')
+            .map(str::trim)
+            .any(|d| match d.strip_prefix(TARGET) {
+                Some(rest) => rest.is_empty() || rest.strip_prefix('=').is_some_and(verbose),
+                None => verbose(d),
+            })
+    })
+}
+
+/// When the latest `/sync` response arrived, once (the next call says `None` until another
+/// arrives).
+pub fn take_sync_response() -> Option<Instant> {
+    SYNC_RESPONSE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+}
+
+/// Events `event_ids` came with a sync response that arrived at `response` and that the SDK
+/// handed over at `handed`.
+pub fn arrived<'a>(
+    event_ids: impl IntoIterator<Item = &'a str>,
+    response: Instant,
+    handed: Instant,
+) {
     if !enabled() {
         return;
     }
@@ -29,7 +80,7 @@ pub fn arrived<'a>(event_ids: impl IntoIterator<Item = &'a str>, at: Instant) {
         map.clear();
     }
     for id in event_ids {
-        map.insert(id.to_owned(), at);
+        map.insert(id.to_owned(), Arrival { response, handed });
     }
 }
 
@@ -43,12 +94,157 @@ pub fn sent_to_agent(event_id: &str) {
         .unwrap_or_else(|p| p.into_inner())
         .as_mut()
         .and_then(|m| m.remove(event_id));
-    if let Some(at) = at {
-        tracing::debug!(target: TARGET, leg = "sync_to_agent", us = at.elapsed().as_micros() as u64);
+    if let Some(a) = at {
+        let sdk = a.handed.saturating_duration_since(a.response);
+        tracing::debug!(target: TARGET, leg = "sdk_sync", us = sdk.as_micros() as u64);
+        tracing::debug!(target: TARGET, leg = "sync_to_agent", us = a.response.elapsed().as_micros() as u64);
     }
 }
 
 /// A post caused by an agent message received at `since` is about to be sent.
 pub fn agent_to_send(since: Instant) {
     tracing::debug!(target: TARGET, leg = "agent_to_send", us = since.elapsed().as_micros() as u64);
+}
+
+/// A tracing layer that notes when matrix-sdk's HTTP client has a `/sync` response in hand.
+/// Install it with a filter that lets matrix-sdk's HTTP client through at DEBUG
+/// ([`SyncClock::interested`]), and only when measuring.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SyncClock;
+
+/// Marks a `send` span of the SDK's HTTP client that carries a `/sync` request.
+struct IsSync;
+
+impl SyncClock {
+    /// The callsites the layer needs: matrix-sdk's HTTP client, at every level.
+    pub fn interested(meta: &Metadata<'_>) -> bool {
+        meta.target().starts_with(SDK_HTTP)
+    }
+
+    fn mark<S>(id: &Id, values: &dyn Fn(&mut UriIsSync), ctx: &Context<'_, S>)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        let Some(span) = ctx.span(id) else { return };
+        if span.name() != "send" || !Self::interested(span.metadata()) {
+            return;
+        }
+        let mut v = UriIsSync(None);
+        values(&mut v);
+        if v.0 == Some(true) {
+            span.extensions_mut().insert(IsSync);
+        }
+    }
+}
+
+impl<S> Layer<S> for SyncClock
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        Self::mark(id, &|v| attrs.record(v), &ctx);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        Self::mark(id, &|v| values.record(v), &ctx);
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        if !Self::interested(event.metadata()) {
+            return;
+        }
+        let in_sync = ctx
+            .event_span(event)
+            .is_some_and(|s| s.extensions().get::<IsSync>().is_some());
+        if !in_sync {
+            return;
+        }
+        let mut message = IsGotResponse(false);
+        event.record(&mut message);
+        if message.0 {
+            *SYNC_RESPONSE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+    }
+}
+
+/// Whether a span's `uri` field names the `/sync` endpoint (`None`: no `uri` recorded here).
+struct UriIsSync(Option<bool>);
+
+impl Visit for UriIsSync {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "uri" {
+            self.0 = Some(value.trim_end_matches('/').ends_with("/sync"));
+        }
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "uri" {
+            self.record_str(field, format!("{value:?}").trim_matches('"'));
+        }
+    }
+}
+
+/// Whether an event's message is the SDK's `Got response`.
+struct IsGotResponse(bool);
+
+impl Visit for IsGotResponse {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}") == "Got response";
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[test]
+    fn the_rust_log_decides_whether_to_measure() {
+        let cases = [
+            (None, false),
+            (Some("info"), false),
+            (Some("info,mxbridge_latency=debug"), true),
+            (Some("mxbridge_latency"), true),
+            (Some("warn, mxbridge_latency=trace"), true),
+            (Some("mxbridge_latency=info"), false),
+            (Some("mxbridge_latency_other=debug"), false),
+            (Some("surface=debug"), false),
+            (Some("debug"), true),
+        ];
+        for (value, want) in cases {
+            assert_eq!(wanted(value), want, "{value:?}");
+        }
+    }
+
+    /// The shape of matrix-sdk 0.18's `HttpClient::send`: an INFO span `send` with `uri`
+    /// recorded after creation, and a DEBUG `Got response` inside it.
+    fn sdk_request(uri: &str) {
+        let span = tracing::info_span!(target: "matrix_sdk::http_client", "send", uri = tracing::field::Empty);
+        let _entered = span.enter();
+        span.record("uri", uri);
+        tracing::debug!(target: "matrix_sdk::http_client", "Got response");
+    }
+
+    #[test]
+    fn a_sync_response_is_clocked_and_other_requests_are_not() {
+        let subscriber = tracing_subscriber::registry().with(SyncClock);
+        tracing::subscriber::with_default(subscriber, || {
+            take_sync_response();
+            sdk_request("http://127.0.0.1:8008/_matrix/client/v3/keys/query");
+            sdk_request("http://127.0.0.1:8008/_matrix/client/v3/rooms/!r/send/m.room.message/t1");
+            assert!(take_sync_response().is_none());
+            let before = Instant::now();
+            sdk_request("http://127.0.0.1:8008/_matrix/client/v3/sync");
+            let got = take_sync_response().expect("clocked");
+            assert!(got >= before);
+            assert!(take_sync_response().is_none(), "taken once");
+            // The same message outside a sync request's span, or another message inside one.
+            tracing::debug!(target: "matrix_sdk::http_client", "Got response");
+            let span = tracing::info_span!(target: "matrix_sdk::http_client", "send", uri = "http://h/_matrix/client/v3/sync");
+            span.in_scope(|| tracing::debug!(target: "matrix_sdk::http_client", "Sending request"));
+            assert!(take_sync_response().is_none());
+        });
+    }
 }

@@ -33,20 +33,30 @@ pub fn wants_json(format: Option<&str>) -> bool {
 }
 
 /// Installs the global subscriber: text, or one JSON object per line when `json`
-/// ([`wants_json`] of `LOG_FORMAT`).
+/// ([`wants_json`] of `LOG_FORMAT`). `RUST_LOG` filters what is written; when it asks for the
+/// benchmark's latency lines, [`crate::latency::SyncClock`] also watches matrix-sdk's HTTP
+/// client (its own filter: nothing more is written).
 pub fn init(json: bool) {
+    let rust_log = std::env::var("RUST_LOG").ok();
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let write = if json {
+        tracing_subscriber::fmt::layer().json().boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stdout().is_terminal())
+            .boxed()
+    };
+    let clock = crate::latency::wanted(rust_log.as_deref()).then(|| {
+        crate::latency::SyncClock.with_filter(tracing_subscriber::filter::filter_fn(
+            crate::latency::SyncClock::interested,
+        ))
+    });
     tracing_subscriber::registry()
         .with(redaction())
         .with(QuietNotFound)
-        .with(filter)
-        .with(json.then(|| tracing_subscriber::fmt::layer().json()))
-        .with(
-            (!json).then(|| {
-                tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal())
-            }),
-        )
+        .with(write.with_filter(filter))
+        .with(clock)
         .init();
 }
 

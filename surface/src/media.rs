@@ -20,6 +20,7 @@
 //!   (`look`: dimensions, durations, thumbnail and blurhash, voice messages; thumbnails are
 //!   uploaded by `small`).
 
+mod cipher;
 mod download;
 mod kind;
 mod look;

@@ -175,7 +175,8 @@ fn sync_filter() -> matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter
 
 /// Journals what one sync brought, room by room.
 async fn handle(ctx: &Ctx, response: SyncResponse) {
-    let at = std::time::Instant::now();
+    let handed = std::time::Instant::now();
+    let response_at = crate::latency::take_sync_response().unwrap_or(handed);
     for (room_id, update) in response.rooms.joined {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
@@ -186,7 +187,11 @@ async fn handle(ctx: &Ctx, response: SyncResponse) {
             .iter()
             .filter_map(RawEvent::parse)
             .collect();
-        crate::latency::arrived(events.iter().map(|e| e.event_id.as_str()), at);
+        crate::latency::arrived(
+            events.iter().map(|e| e.event_id.as_str()),
+            response_at,
+            handed,
+        );
         if update.timeline.limited {
             metrics::counter!(crate::metrics::LIMITED_SYNCS).increment(1);
         }

@@ -1,35 +1,50 @@
 //! The transfer comparators: `curl` downloading and uploading the same media against the same
-//! Synapse with the bot's token. A small Python wrapper times curl (and an optional fsync of
-//! the downloaded file) from inside, so interpreter start-up is not counted, and reports curl's
-//! peak RSS.
+//! Synapse with the bot's token. curl times itself (`--write-out`), so neither its own start-up
+//! nor the wrapper's is counted: a download from the response's first byte to its last (the
+//! surface's download is timed from its temporary file, created when the response's head has
+//! arrived), an upload from start to answer. A small Python wrapper runs it, times the optional
+//! fsync of the downloaded file, and reports curl's peak RSS.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-/// Runs `argv[2:]`, optionally fsyncs `argv[1]`, prints `{"s", "maxrss_kib", "stdout"}`.
+/// Runs `argv[2:]`, optionally fsyncs `argv[1]`, prints `{"fsync_s", "maxrss_kib", "stdout"}`.
 const WRAPPER: &str = r#"
 import json, os, resource, subprocess, sys, time
 fsync_path, cmd = sys.argv[1], sys.argv[2:]
-t = time.monotonic()
 r = subprocess.run(cmd, stdout=subprocess.PIPE)
 if r.returncode != 0:
     sys.stderr.write("%s exited with %d\n" % (cmd[0], r.returncode))
     sys.exit(1)
+t = time.monotonic()
 if fsync_path:
     fd = os.open(fsync_path, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
-s = time.monotonic() - t
+f = time.monotonic() - t
 rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"s": s, "maxrss_kib": rss, "stdout": r.stdout.decode("utf-8", "replace")}))
+print(json.dumps({"fsync_s": f, "maxrss_kib": rss, "stdout": r.stdout.decode("utf-8", "replace")}))
 "#;
+
+/// What curl writes after the response (`--write-out`): a line of its own timings, seconds.
+const WRITE_OUT: &str = "\ncurl-times %{time_starttransfer} %{time_total}\n";
+
+/// The response body (all but the timing line) and curl's (first byte, total) times, seconds.
+fn split_times(stdout: &str) -> Option<(&str, f64, f64)> {
+    let at = stdout.rfind("\ncurl-times ")?;
+    let mut times = stdout[at..].split_whitespace().skip(1);
+    let first = times.next()?.parse().ok()?;
+    let total = times.next()?.parse().ok()?;
+    Some((&stdout[..at], first, total))
+}
 
 /// One timed curl run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timed {
-    /// Wall time of curl (plus the fsync, if asked for), seconds.
+    /// curl's transfer (a download's body, an upload's whole request), plus the fsync if asked
+    /// for, seconds.
     pub secs: f64,
     /// curl's peak RSS, KiB.
     pub peak_rss_kib: u64,
@@ -69,17 +84,20 @@ impl Curl {
         } else {
             String::new()
         };
-        let (timed, _) = self
+        let (run, first, total) = self
             .run(&fsync_path, &["-o", &out.display().to_string(), &url])
             .await?;
-        Ok(timed)
+        Ok(Timed {
+            secs: total - first + run.fsync_s,
+            peak_rss_kib: run.peak_rss_kib,
+        })
     }
 
     /// Uploads `file` (`POST /_matrix/media/v3/upload`, streamed) and returns the timing and
     /// the new `mxc://` URI.
     pub async fn upload(&self, file: &Path) -> Result<(Timed, String)> {
         let url = format!("{}/_matrix/media/v3/upload", self.hs_url);
-        let (timed, stdout) = self
+        let (run, _, total) = self
             .run(
                 "",
                 &[
@@ -97,19 +115,24 @@ impl Curl {
                 ],
             )
             .await?;
-        let v: Value = serde_json::from_str(&stdout)
-            .with_context(|| format!("curl upload answered {stdout:?}"))?;
+        let v: Value = serde_json::from_str(&run.stdout)
+            .with_context(|| format!("curl upload answered {:?}", run.stdout))?;
         let mxc = v["content_uri"]
             .as_str()
             .with_context(|| format!("curl upload answered {v}"))?;
+        let timed = Timed {
+            secs: total,
+            peak_rss_kib: run.peak_rss_kib,
+        };
         Ok((timed, mxc.to_owned()))
     }
 
-    async fn run(&self, fsync_path: &str, args: &[&str]) -> Result<(Timed, String)> {
+    /// Runs curl with `args`; returns what the wrapper saw and curl's (first byte, total) times.
+    async fn run(&self, fsync_path: &str, args: &[&str]) -> Result<(Run, f64, f64)> {
         let header = format!("@{}", self.header.display());
         let out = tokio::process::Command::new("python3")
             .args(["-c", WRAPPER, fsync_path])
-            .args(["curl", "-sS", "-f", "-H", &header])
+            .args(["curl", "-sS", "-f", "-w", WRITE_OUT, "-H", &header])
             .args(args)
             .stdin(std::process::Stdio::null())
             .output()
@@ -123,10 +146,40 @@ impl Curl {
             );
         }
         let v: Value = serde_json::from_slice(&out.stdout).context("curl wrapper output")?;
-        let timed = Timed {
-            secs: v["s"].as_f64().context("curl wrapper: s")?,
+        let stdout = v["stdout"].as_str().unwrap_or_default();
+        let (body, first, total) =
+            split_times(stdout).with_context(|| format!("curl printed no timings: {stdout:?}"))?;
+        let run = Run {
+            fsync_s: v["fsync_s"].as_f64().context("curl wrapper: fsync_s")?,
             peak_rss_kib: v["maxrss_kib"].as_u64().unwrap_or(0),
+            stdout: body.to_owned(),
         };
-        Ok((timed, v["stdout"].as_str().unwrap_or_default().to_owned()))
+        Ok((run, first, total))
+    }
+}
+
+/// What the wrapper reports of one curl run.
+#[derive(Debug)]
+struct Run {
+    fsync_s: f64,
+    peak_rss_kib: u64,
+    /// curl's output without the timing line.
+    stdout: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timing_line_is_split_off_the_body() {
+        let up = "{\"content_uri\": \"mxc://h/x\"}\ncurl-times 0.004512 1.250000\n";
+        assert_eq!(
+            split_times(up),
+            Some(("{\"content_uri\": \"mxc://h/x\"}", 0.004512, 1.25))
+        );
+        assert_eq!(split_times("\ncurl-times 0.5 2\n"), Some(("", 0.5, 2.0)));
+        assert_eq!(split_times("{}"), None);
+        assert_eq!(split_times("\ncurl-times x 2\n"), None);
     }
 }

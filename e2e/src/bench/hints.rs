@@ -8,6 +8,30 @@ use super::figures::{Fig, Leg, Room, Stat};
 /// The medians over the runs: this project's value and the comparator's, per figure.
 pub type Medians = BTreeMap<Fig, (Option<f64>, Option<f64>)>;
 
+/// How busy the processor was during a transfer, in cores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Busy {
+    /// The surface.
+    pub surface: f64,
+    /// Synapse.
+    pub synapse: f64,
+    /// The machine's cores.
+    pub of: f64,
+}
+
+impl Busy {
+    /// The hint when the two kept (nearly) every core busy.
+    fn saturated(&self) -> Option<String> {
+        (self.surface + self.synapse >= 0.85 * self.of).then(|| {
+            format!(
+                "the processor is saturated: the surface kept {:.2} cores busy and Synapse {:.2}, \
+                 of {:.0}",
+                self.surface, self.synapse, self.of
+            )
+        })
+    }
+}
+
 /// The figures a hint weighs, taken from the medians.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Clue {
@@ -23,24 +47,21 @@ pub enum Clue {
         curl_fsync: Option<f64>,
         /// SHA-256 rate of the machine.
         sha: Option<f64>,
-        /// The file, MiB.
-        size: f64,
-        /// The echo bot's reply p50 (back to back), s: the fixed cost of getting an event to a
-        /// bot and back.
-        echo_s: Option<f64>,
+        /// The processor during the transfer.
+        busy: Option<Busy>,
     },
     /// Upload of the agent's file, times in seconds.
     Outbound {
         /// Encrypted room (the surface also encrypts).
         encrypted: bool,
-        /// From the user's message to the file event.
+        /// The surface's upload.
         this_s: f64,
         /// curl uploading the same file.
         curl_s: f64,
         /// The file's size over the machine's SHA-256 rate.
         sha_s: Option<f64>,
-        /// A bot reply's p50 (back to back), the fixed cost of a turn.
-        turn_s: Option<f64>,
+        /// The processor during the transfer.
+        busy: Option<Busy>,
     },
     /// The surface's own latency on one leg, ms.
     Leg {
@@ -50,6 +71,8 @@ pub enum Clue {
         p99: f64,
         /// Largest.
         max: f64,
+        /// Of the sync leg, the 99th percentile of the part inside matrix-sdk.
+        sdk_p99: Option<f64>,
     },
     /// Reply latency, ms.
     Reply {
@@ -111,9 +134,11 @@ pub fn hint(clue: &Clue) -> String {
             curl,
             curl_fsync,
             sha,
-            size,
-            echo_s,
+            busy,
         } => {
+            if let Some(h) = busy.as_ref().and_then(Busy::saturated) {
+                return h;
+            }
             let work = if encrypted {
                 "decrypting and hashing"
             } else {
@@ -123,12 +148,6 @@ pub fn hint(clue: &Clue) -> String {
             let tf = curl_fsync.map(|f| 1.0 / f);
             let ts = sha.map(|s| 1.0 / s);
             match (curl_fsync, tf, ts) {
-                _ if echo_s.is_some_and(|e| (t - tc) * size <= e) => format!(
-                    "fixed latency dominates (an echo round trip is {:.0} ms, curl needs {:.2} s): \
-                     use a larger --size-mib",
-                    echo_s.unwrap_or_default() * 1000.0,
-                    tc * size
-                ),
                 (Some(f), _, _) if near(this, f, 0.1) => {
                     "disk fsync dominates: within 10% of curl+fsync".into()
                 }
@@ -153,32 +172,40 @@ pub fn hint(clue: &Clue) -> String {
             this_s,
             curl_s,
             sha_s,
-            turn_s,
+            busy,
         } => {
+            if let Some(h) = busy.as_ref().and_then(Busy::saturated) {
+                return h;
+            }
             let work = if encrypted {
                 "encrypting and hashing"
             } else {
                 "hashing"
             };
-            let turn = turn_s.unwrap_or(0.0);
             match sha_s {
-                _ if turn_s.is_some() && this_s - curl_s <= 1.5 * turn => format!(
-                    "the turn's fixed latency dominates ({:.0} ms vs {curl_s:.2} s upload): use a larger --size-mib",
-                    turn * 1000.0
+                Some(sha) if near(this_s, sha + curl_s, 0.15) => format!(
+                    "{work} not overlapped with the upload: time ≈ size/SHA-256 rate + upload \
+                     ({sha:.2} + {curl_s:.2} s)"
                 ),
-                Some(sha) if near(this_s, turn + sha + curl_s, 0.15) => format!(
-                    "{work} before upload: time ≈ turn + size/SHA-256 rate + upload \
-                     ({turn:.2} + {sha:.2} + {curl_s:.2} s)"
+                Some(sha) if this_s > sha + curl_s => format!(
+                    "{:.1} s beyond hashing + upload: the surface's upload path",
+                    this_s - curl_s - sha
                 ),
-                Some(sha) if this_s > turn + sha + curl_s => format!(
-                    "{:.1} s beyond turn + hashing + upload: the surface's upload path",
-                    this_s - curl_s - sha - turn
-                ),
-                _ => format!("{:.1}× curl's upload time", this_s / curl_s),
+                _ => format!("{:.2}× curl's upload time", this_s / curl_s),
             }
         }
-        Clue::Leg { p50, p99, max } => {
-            if p50 > p99 * 0.5 {
+        Clue::Leg {
+            p50,
+            p99,
+            max,
+            sdk_p99,
+        } => {
+            if let Some(sdk) = sdk_p99.filter(|s| *s >= 0.5 * p99) {
+                format!(
+                    "matrix-sdk dominates: {sdk:.1} of the {p99:.1} ms (p99) pass before it hands \
+                     the events over (decryption, its stores, its outgoing requests)"
+                )
+            } else if p50 > p99 * 0.5 {
                 format!("every message is slow on this leg (p50 {p50:.1} ms)")
             } else if near(p99, max, 0.01) {
                 format!("a few outliers (p99 = max = {max:.1} ms, p50 {p50:.1} ms)")
@@ -279,6 +306,14 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
         stat: Stat::P50,
     };
     let reply_p50 = this(b2b_p50);
+    let of = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+    let busy = |f: Fig| {
+        Some(Busy {
+            surface: this(f)?,
+            synapse: other(f)?,
+            of,
+        })
+    };
     Some(match fig {
         Fig::Inbound(room) => Clue::Inbound {
             encrypted: room == Room::Encrypted,
@@ -286,20 +321,22 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             curl: other(fig)?,
             curl_fsync: other(Fig::InboundFsync(room)),
             sha,
-            size: size_mib,
-            echo_s: other(b2b_p50).map(|ms| ms / 1000.0),
+            busy: busy(Fig::InboundCpu(room)),
         },
         Fig::Outbound(room) => Clue::Outbound {
             encrypted: room == Room::Encrypted,
             this_s: size_mib / this(fig)?,
             curl_s: size_mib / other(fig)?,
             sha_s: sha.map(|s| size_mib / s),
-            turn_s: reply_p50.map(|ms| ms / 1000.0),
+            busy: busy(Fig::OutboundCpu(room)),
         },
         Fig::Surface(leg, _) => Clue::Leg {
             p50: this(Fig::Surface(leg, Stat::P50))?,
             p99: this(Fig::Surface(leg, Stat::P99))?,
             max: this(Fig::Surface(leg, Stat::Max))?,
+            sdk_p99: (leg == Leg::SyncToAgent)
+                .then(|| this(Fig::Surface(Leg::SdkSync, Stat::P99)))
+                .flatten(),
         },
         Fig::Reply { .. } => Clue::Reply {
             bot: reply_p50?,
@@ -308,7 +345,7 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
                 paced: true,
                 stat: Stat::P50,
             }),
-            surface: Leg::ALL
+            surface: Leg::WHOLE
                 .iter()
                 .map(|l| this(Fig::Surface(*l, Stat::P50)))
                 .sum(),
@@ -350,18 +387,17 @@ mod tests {
             curl: 1000.0,
             curl_fsync,
             sha,
-            size: 1024.0,
-            echo_s: Some(0.1),
+            busy: None,
         }
     }
 
-    fn outbound(this_s: f64, sha_s: Option<f64>, turn_s: Option<f64>) -> Clue {
+    fn outbound(this_s: f64, sha_s: Option<f64>) -> Clue {
         Clue::Outbound {
             encrypted: false,
             this_s,
             curl_s: 4.0,
             sha_s,
-            turn_s,
+            busy: None,
         }
     }
 
@@ -407,45 +443,56 @@ mod tests {
                 "beyond download+fsync+hash",
             ),
             (inbound(800.0, None, None), "25% slower than curl"),
-            // 2 MiB: 0.1 s vs 0.002 s for curl, an echo round trip is 0.1 s.
             (
-                Clue::Inbound {
-                    encrypted: true,
-                    this: 20.0,
-                    curl: 1000.0,
-                    curl_fsync: None,
-                    sha: None,
-                    size: 2.0,
-                    echo_s: Some(0.1),
-                },
-                "fixed latency dominates (an echo round trip is 100 ms",
+                outbound(5.0, Some(1.0)),
+                "hashing not overlapped with the upload",
             ),
-            (
-                outbound(4.2, Some(1.0), Some(0.2)),
-                "fixed latency dominates",
-            ),
-            (outbound(5.0, Some(1.0), Some(0.1)), "hashing before upload"),
-            // 0.99 s: turn 0.11 + sha 0.17 + curl 0.68 = 0.96.
+            // 0.86 s: sha 0.17 + curl 0.68 = 0.85.
             (
                 Clue::Outbound {
                     encrypted: true,
-                    this_s: 0.99,
+                    this_s: 0.86,
                     curl_s: 0.68,
                     sha_s: Some(0.17),
-                    turn_s: Some(0.11),
+                    busy: Some(Busy {
+                        surface: 0.9,
+                        synapse: 0.5,
+                        of: 2.0,
+                    }),
                 },
-                "encrypting and hashing before upload",
+                "encrypting and hashing not overlapped",
             ),
             (
-                outbound(9.0, Some(1.0), Some(0.1)),
-                "3.9 s beyond turn + hashing + upload",
+                Clue::Outbound {
+                    encrypted: true,
+                    this_s: 0.86,
+                    curl_s: 0.68,
+                    sha_s: Some(0.17),
+                    busy: Some(Busy {
+                        surface: 1.1,
+                        synapse: 0.7,
+                        of: 2.0,
+                    }),
+                },
+                "the processor is saturated: the surface kept 1.10 cores busy and Synapse 0.70, of 2",
             ),
-            (outbound(6.0, None, None), "1.5× curl"),
+            (outbound(9.0, Some(1.0)), "4.0 s beyond hashing + upload"),
+            (outbound(6.0, None), "1.50× curl"),
+            (
+                Clue::Leg {
+                    p50: 3.0,
+                    p99: 8.0,
+                    max: 9.0,
+                    sdk_p99: Some(5.0),
+                },
+                "matrix-sdk dominates: 5.0 of the 8.0 ms",
+            ),
             (
                 Clue::Leg {
                     p50: 6.0,
                     p99: 8.0,
                     max: 9.0,
+                    sdk_p99: Some(1.0),
                 },
                 "every message is slow",
             ),
@@ -454,6 +501,7 @@ mod tests {
                     p50: 0.5,
                     p99: 30.0,
                     max: 30.0,
+                    sdk_p99: None,
                 },
                 "a few outliers",
             ),
@@ -462,6 +510,7 @@ mod tests {
                     p50: 0.5,
                     p99: 8.0,
                     max: 30.0,
+                    sdk_p99: None,
                 },
                 "tail only",
             ),
@@ -567,7 +616,7 @@ mod tests {
                 this_s: 8.0,
                 curl_s: 4.0,
                 sha_s: Some(2.0),
-                turn_s: Some(0.1),
+                busy: None,
             })
         );
         assert_eq!(

@@ -23,6 +23,16 @@ pub fn samples(log: &str) -> BTreeMap<String, Vec<f64>> {
     out
 }
 
+/// How long the surface's upload of the file named `name` took, in seconds: the `us` field of
+/// its `file uploaded` (or `file uploaded encrypted`) line whose span names the file.
+pub fn upload_secs(log: &str, name: &str) -> Option<f64> {
+    log.lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains("file uploaded") && l.contains(name))
+        .find_map(|l| field(&l, "us")?.parse::<f64>().ok())
+        .map(|us| us / 1e6)
+}
+
 /// The value of `name=value` (value optionally in double quotes) among whitespace-separated
 /// fields.
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
@@ -69,5 +79,18 @@ mod tests {
         assert_eq!(s["sync_to_agent"], vec![1.5, 0.5]);
         assert_eq!(s["agent_to_send"], vec![0.25]);
         assert!(samples("nothing\n").is_empty());
+    }
+
+    #[test]
+    fn upload_times_are_found_by_file_name() {
+        let log = "\
+2025-01-01T00:00:00Z  INFO upload_file{path=chats/c/out-a.bin size=9}: surface::media::upload: file uploaded mxc=mxc://h/a us=1500000
+2025-01-01T00:00:01Z  INFO upload_file_encrypted{path=chats/c/out-b.bin size=9}: surface::media::upload: file uploaded encrypted mxc=mxc://h/b us=250
+2025-01-01T00:00:02Z  INFO attachment downloaded path=inbox/out-c.bin us=7
+";
+        assert_eq!(upload_secs(log, "out-a.bin"), Some(1.5));
+        assert_eq!(upload_secs(log, "out-b.bin"), Some(0.000_25));
+        assert_eq!(upload_secs(log, "out-c.bin"), None);
+        assert_eq!(upload_secs(log, "out-d.bin"), None);
     }
 }

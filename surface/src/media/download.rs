@@ -1,14 +1,14 @@
 //! Authenticated, streaming download of an attachment into a room's inbox.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::time::SystemTime;
 
 use matrix_sdk::Client;
 use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
 use matrix_sdk::ruma::{EventId, OwnedEventId, OwnedRoomId, OwnedUserId};
-use matrix_sdk_crypto::{AttachmentDecryptor, MediaEncryptionInfo};
 use protocol::{AttachmentInfo, WorkspacePath};
 
+use super::cipher::{self, Keystream};
 use super::{
     HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, pipe, quoted_name,
     send, transfer_timeout, with_retries,
@@ -184,12 +184,14 @@ pub(super) async fn download_with(
         server.as_str(),
         media_id,
     ])?;
+    let started = std::time::Instant::now();
     let downloaded =
         with_retries("download", || attempt(api, ws, req, encrypted, &url, limit)).await?;
     tracing::info!(
         path = %downloaded.path,
         size = downloaded.info.size,
         mime = %downloaded.info.mime,
+        us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         "attachment downloaded"
     );
     Ok(downloaded)
@@ -234,10 +236,15 @@ async fn attempt(
         path: temp_label(req),
         source: e,
     };
-    // Decryption (with its hash check) and writing run on a blocking thread (`sink`) while
-    // this task reads the network: two cores at work, memory bounded by the pipe's depth.
-    // A plain file is not hashed: nothing needs its hash, and on two cores shared with the
-    // homeserver every CPU second counts.
+    // Decryption and writing run on a blocking thread (`sink`), and an encrypted file's
+    // ciphertext is hashed on another, while this task reads the network: the work spreads
+    // over the cores, memory bounded by the pipes' depth. A plain file is not hashed: nothing
+    // needs its hash, and on two cores shared with the homeserver every CPU second counts.
+    let (keystream, expected) = match encrypted.map(cipher::for_decryption).transpose() {
+        Ok(k) => k.unzip(),
+        Err(e) => return Err(DownloadFailure::Decryption(e.to_string())),
+    };
+    let hasher = expected.map(|_| cipher::hash_beside());
     let out = temp
         .file()
         .try_clone()
@@ -247,16 +254,17 @@ async fn attempt(
         .await;
     let (tx, input) = pipe::channel();
     let head_cap = HEAD_BYTES.min(usize::try_from(limit).unwrap_or(HEAD_BYTES));
-    let sink = tokio::task::spawn_blocking({
-        let encryption = encrypted.map(|f| MediaEncryptionInfo::from(f.clone()));
-        move || sink(input, encryption, out, head_cap)
-    });
+    let sink = tokio::task::spawn_blocking(move || sink(input, keystream, out, head_cap));
     let mut size: u64 = 0;
     while let Some(chunk) = next_chunk(&mut resp).await? {
         size += chunk.len() as u64;
         if size > limit {
             // `temp` is dropped on return: the partial file goes with it.
             return Err(DownloadFailure::TooLarge { limit, size: None });
+        }
+        if let Some((hash_tx, _)) = &hasher {
+            // The hashing thread only stops when its sender is dropped.
+            let _ = hash_tx.send(chunk.clone()).await;
         }
         if tx.send(chunk).await.is_err() {
             break; // The sink failed; its error is below.
@@ -266,10 +274,12 @@ async fn attempt(
     let sunk = sink
         .await
         .map_err(|e| disk(io::Error::other(e)))?
-        .map_err(|e| match e {
-            SinkError::Decrypt(why) => DownloadFailure::Decryption(why),
-            SinkError::Write(e) => disk(e).into(),
-        })?;
+        .map_err(disk)?;
+    if let (Some((hash_tx, hashed)), Some(expected)) = (hasher, expected) {
+        drop(hash_tx);
+        let got = hashed.await.map_err(|e| disk(io::Error::other(e)))?;
+        cipher::check(&got, &expected).map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
+    }
     if let Some(expected) = announced.filter(|e| *e != size) {
         return Err(HttpError::Truncated {
             got: size,
@@ -312,64 +322,45 @@ struct Sunk {
     size: u64,
 }
 
-/// Why the sink stopped.
-enum SinkError {
-    Decrypt(String),
-    Write(io::Error),
-}
-
-/// Size of the writes to the inbox file.
-const WRITE_BUFFER: usize = 256 * 1024;
+/// Size of the writes to the inbox file: the chunks from the network are gathered into writes
+/// of this size (one copy; the write takes straight from it).
+const WRITE_SIZE: usize = 256 * 1024;
 /// Written data is handed to the disk every this many bytes, so the fsync at the end has little
 /// left to do: durability costs one fsync per file, not a second pass over it.
 const WRITEBACK_EVERY: u64 = 8 * 1024 * 1024;
 
-/// The blocking end of a download: decrypts (when `encryption` is given; the ciphertext's hash
-/// is checked at the end), keeps the first bytes for sniffing, and writes to `out`.
+/// The blocking end of a download: decrypts (when a `keystream` is given; the ciphertext's hash
+/// is checked beside it), keeps the first bytes for sniffing, and writes to `out`.
 fn sink(
     mut input: pipe::ChannelReader,
-    encryption: Option<MediaEncryptionInfo>,
-    out: std::fs::File,
+    mut keystream: Option<Keystream>,
+    mut out: std::fs::File,
     head_cap: usize,
-) -> Result<Sunk, SinkError> {
-    let decrypting = encryption.is_some();
-    let mut source: Box<dyn Read + '_> = match encryption {
-        Some(info) => Box::new(
-            AttachmentDecryptor::new(&mut input, info)
-                .map_err(|e| SinkError::Decrypt(e.to_string()))?,
-        ),
-        None => Box::new(&mut input),
-    };
-    let mut out = io::BufWriter::with_capacity(WRITE_BUFFER, out);
+) -> io::Result<Sunk> {
     let mut head = Vec::with_capacity(head_cap);
-    let mut buf = vec![0u8; WRITE_BUFFER];
+    let mut buf = vec![0u8; WRITE_SIZE];
     let mut size = 0u64;
     let mut written_back = 0u64;
     loop {
-        let n = source.read(&mut buf).map_err(|e| {
-            if decrypting {
-                SinkError::Decrypt(e.to_string())
-            } else {
-                SinkError::Write(e)
-            }
-        })?;
+        let n = pipe::fill(&mut input, &mut buf)?;
         if n == 0 {
             break;
         }
-        let chunk = &buf[..n];
+        let chunk = &mut buf[..n];
+        if let Some(k) = &mut keystream {
+            k.apply(chunk);
+        }
         if head.len() < head_cap {
             let take = (head_cap - head.len()).min(n);
             head.extend_from_slice(&chunk[..take]);
         }
-        out.write_all(chunk).map_err(SinkError::Write)?;
+        out.write_all(chunk)?;
         size += n as u64;
         if size - written_back >= WRITEBACK_EVERY {
-            out.flush().map_err(SinkError::Write)?;
-            start_writeback(out.get_ref(), written_back, size - written_back);
+            start_writeback(&out, written_back, size - written_back);
             written_back = size;
         }
     }
-    out.flush().map_err(SinkError::Write)?;
     Ok(Sunk { head, size })
 }
 
@@ -552,6 +543,7 @@ mod tests {
     }
 
     fn encrypt(plain: &[u8], media_id: &str) -> (Vec<u8>, EncryptedFile) {
+        use std::io::Read;
         let mut cursor = std::io::Cursor::new(plain.to_vec());
         let mut enc = matrix_sdk_crypto::AttachmentEncryptor::new(&mut cursor);
         let mut cipher = Vec::new();

@@ -96,20 +96,27 @@ where
     (stream, handle)
 }
 
+/// Reads from `src` until `buf` is full or the input ends; returns how many bytes it holds.
+pub fn fill(src: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match src.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
 /// Copies `src` into `emit` in chunks of `chunk` bytes; returns how many bytes went.
 pub fn pump(src: &mut impl Read, chunk: usize, emit: &mut Emit) -> io::Result<u64> {
     let mut total = 0u64;
     loop {
         let mut buf = vec![0u8; chunk];
-        let mut filled = 0;
-        // Fill whole chunks: fewer, larger items through the channel.
-        while filled < chunk {
-            let n = src.read(&mut buf[filled..])?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
+        // Whole chunks: fewer, larger items through the channel.
+        let filled = fill(src, &mut buf)?;
         if filled == 0 {
             return Ok(total);
         }

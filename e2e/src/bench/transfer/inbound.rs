@@ -1,15 +1,21 @@
-//! Inbound: the user sends a file; timed from the send returning (the upload is done) until the
-//! complete file is in the bot's inbox. Comparator: curl downloading the same media (the
-//! encrypted blob in an encrypted room) with the bot's token, without and with an fsync.
+//! Inbound: the user sends a file. The throughput is timed from the surface starting its download
+//! (its `.partial-*` file appears in the inbox) until the complete file is there, as curl's
+//! download is timed from its start to its end; how long the surface took to start (the event's
+//! way to the bot through `/sync`, its journal, the lane) is its own figure, next to the echo
+//! bot's reply. Both instants come from inotify, so nothing polls while the bytes move.
+//! Comparator: curl downloading the same media (the encrypted blob in an encrypted room) with the
+//! bot's token, without and with an fsync.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use matrix_sdk::ruma::events::room::MediaSource;
+use notify::Watcher;
 use serde_json::json;
 
 use super::{Transfers, len, write_noise};
+use crate::bench::cpu::CpuWindow;
 use crate::bench::figures::{Fig, Room, RunFigures, Sample};
 use crate::bench::poll;
 use crate::bench::rss::PeakWindow;
@@ -26,7 +32,14 @@ impl Transfers<'_> {
         let src = self.scratch(&name);
         write_noise(&src, self.size, seed).await?;
 
+        let inbox = s
+            .stack
+            .workspace
+            .join(protocol::room_dir(&s.user.user_id, room_id).as_str())
+            .join("inbox");
+        let mut watch = InboxWatch::start(&inbox)?;
         let window = PeakWindow::open(s.stack.surface.pid())?;
+        let cpu = CpuWindow::open(s.stack.surface.pid())?;
         let (id, mxc) = match room {
             Room::Plain => {
                 let mxc = s.user.upload_path(&src, MIME).await?;
@@ -41,13 +54,10 @@ impl Transfers<'_> {
             }
         };
         let sent = Instant::now();
-        let inbox = s
-            .stack
-            .workspace
-            .join(protocol::room_dir(&s.user.user_id, room_id).as_str())
-            .join("inbox");
-        let done = wait_inbox(&inbox, &name, self.size, self.timeout).await?;
-        let secs = (done - sent).as_secs_f64();
+        let (started, done) = watch.wait(&name, self.size, self.timeout).await?;
+        let cores = cpu.cores()?;
+        let secs = (done - started).as_secs_f64();
+        let notice_ms = started.saturating_duration_since(sent).as_secs_f64() * 1000.0;
         // The agent's description ends the turn (and the surface's work for this file).
         s.wait_answer(room_id, &s.bot, &id, self.timeout, |_| true)
             .await?;
@@ -76,6 +86,8 @@ impl Transfers<'_> {
                 Fig::InboundFsync(room),
                 Sample::new(rate, self.mib() / fsynced.secs),
             ),
+            (Fig::InboundNotice(room), Sample::alone(notice_ms)),
+            (Fig::InboundCpu(room), cores.sample()),
             (
                 Fig::InboundRss(room),
                 Sample::new(rss, plain.peak_rss_kib as f64 / 1024.0),
@@ -105,26 +117,69 @@ impl Transfers<'_> {
     }
 }
 
-/// Waits until `inbox` holds the complete `name` (stored as `<time>-<unique>-<name>`, not a
-/// `.partial-*` download) and returns when it was seen.
-async fn wait_inbox(inbox: &Path, name: &str, size: u64, timeout: Duration) -> Result<Instant> {
-    let suffix = format!("-{name}");
-    poll(
-        timeout,
-        Duration::from_millis(2),
-        &format!("{name} in the inbox"),
-        || async {
-            let entries = std::fs::read_dir(inbox).ok()?;
-            entries
-                .flatten()
-                .any(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    !n.starts_with('.') && n.ends_with(&suffix) && len(&e.path()) == size
-                })
-                .then(Instant::now)
-        },
-    )
-    .await
+/// A room's inbox under inotify: when the surface's download began and when the file landed.
+struct InboxWatch {
+    /// Stops watching when dropped.
+    _watcher: notify::RecommendedWatcher,
+    events: tokio::sync::mpsc::UnboundedReceiver<(Instant, notify::Event)>,
+    dir: PathBuf,
+}
+
+impl InboxWatch {
+    /// Watches `dir` (created if missing, as the surface would) from now on.
+    fn start(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            if let Ok(e) = e {
+                let _ = tx.send((Instant::now(), e));
+            }
+        })
+        .context("inotify")?;
+        watcher
+            .watch(dir, notify::RecursiveMode::NonRecursive)
+            .with_context(|| format!("watch {}", dir.display()))?;
+        Ok(Self {
+            _watcher: watcher,
+            events,
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// When the first temporary download file (`.partial-*`) was created, and when the complete
+    /// `name` (stored as `<time>-<unique>-<name>`) appeared with all `size` bytes.
+    async fn wait(
+        &mut self,
+        name: &str,
+        size: u64,
+        timeout: Duration,
+    ) -> Result<(Instant, Instant)> {
+        let suffix = format!("-{name}");
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut started = None;
+        loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, self.events.recv()).await else {
+                bail!("{name} not in {} after {timeout:?}", self.dir.display());
+            };
+            let Some((at, event)) = next else {
+                bail!("the watch of {} stopped", self.dir.display());
+            };
+            for path in &event.paths {
+                let file = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if file.starts_with(".partial-") && event.kind.is_create() {
+                    started.get_or_insert(at);
+                } else if !file.starts_with('.') && file.ends_with(&suffix) && len(path) == size {
+                    let Some(started) = started else {
+                        bail!("{name} landed in the inbox without a download being seen");
+                    };
+                    return Ok((started, at));
+                }
+            }
+        }
+    }
 }
 
 fn check_len(path: &Path, size: u64) -> Result<()> {

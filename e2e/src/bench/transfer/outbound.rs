@@ -1,13 +1,16 @@
 //! Outbound: a file in the chat's own folder, and the user says `send <path>` to the builtin
-//! brain; timed from the user's message to the file event the user sees. Then the same file
+//! brain. The throughput is the surface's upload as its log times it (from taking the file up,
+//! deduplication included, to the homeserver's answer), as curl times its own upload; the time
+//! from the user's message to the file event the user sees is its own figure. Then the same file
 //! again: what Synapse stored for the bot the second time (0 when the surface reuses the
 //! upload), and how long it took. Comparator: curl uploading the same file with the bot's token.
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use super::{MIB, Transfers, write_noise};
+use crate::bench::cpu::CpuWindow;
 use crate::bench::figures::{Fig, Room, RunFigures, Sample};
 use crate::bench::rss::PeakWindow;
 use crate::bench::setup::POLL;
@@ -25,8 +28,16 @@ impl Transfers<'_> {
         write_noise(&path, self.size, seed).await?;
 
         let window = PeakWindow::open(s.stack.surface.pid())?;
+        let log_from = s.stack.surface.log().len();
+        let cpu = CpuWindow::open(s.stack.surface.pid())?;
         let first = self.send(room, &rel).await?;
+        let cores = cpu.cores()?;
         let rss = window.growth_mib()?;
+        let upload = crate::bench::legs::upload_secs(
+            s.stack.surface.log().get(log_from..).unwrap_or_default(),
+            &name,
+        )
+        .with_context(|| format!("the surface logged no upload time for {name}"))?;
         let before = self.media.uploaded_bytes(&s.bot).await?;
         let again = self.send(room, &rel).await?;
         let uploaded = self
@@ -40,8 +51,10 @@ impl Transfers<'_> {
         Ok(RunFigures::from([
             (
                 Fig::Outbound(room),
-                Sample::new(self.mib() / first, self.mib() / curl.secs),
+                Sample::new(self.mib() / upload, self.mib() / curl.secs),
             ),
+            (Fig::OutboundTotal(room), Sample::alone(first)),
+            (Fig::OutboundCpu(room), cores.sample()),
             (
                 Fig::OutboundAgainBytes(room),
                 Sample::new(uploaded as f64 / MIB as f64, self.mib()),

@@ -1,0 +1,123 @@
+//! CPU time of the surface and of Synapse over one transfer, as cores kept busy: next to the
+//! machine's core count it tells whether the processor, shared by both, set the pace.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+/// `/proc/<pid>/stat` counts in clock ticks of `USER_HZ`, which Linux fixes at 100 for
+/// userspace on every architecture it runs the benchmark on.
+const TICKS_PER_S: f64 = 100.0;
+
+/// A window over the CPU time of the surface and (when known) Synapse.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuWindow {
+    surface: u32,
+    synapse: Option<u32>,
+    start: (f64, Option<f64>),
+    at: Instant,
+}
+
+/// Cores kept busy in a window: CPU seconds over wall seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cores {
+    /// The surface.
+    pub surface: f64,
+    /// Synapse, when its pid is known.
+    pub synapse: Option<f64>,
+}
+
+impl CpuWindow {
+    /// Starts counting for the surface `pid` and the Synapse of `E2E_SYNAPSE_DIR`.
+    pub fn open(surface: Option<u32>) -> Result<Self> {
+        let surface = surface.context("the surface is not running")?;
+        let synapse = synapse_pid();
+        Ok(Self {
+            surface,
+            synapse,
+            start: (
+                cpu_secs(surface).context("read the surface's CPU time")?,
+                synapse.and_then(cpu_secs),
+            ),
+            at: Instant::now(),
+        })
+    }
+
+    /// Cores kept busy since [`CpuWindow::open`].
+    pub fn cores(&self) -> Result<Cores> {
+        let wall = self.at.elapsed().as_secs_f64().max(1e-9);
+        let surface = cpu_secs(self.surface).context("read the surface's CPU time")?;
+        let synapse = match (self.synapse.and_then(cpu_secs), self.start.1) {
+            (Some(now), Some(then)) => Some((now - then) / wall),
+            _ => None,
+        };
+        Ok(Cores {
+            surface: (surface - self.start.0) / wall,
+            synapse,
+        })
+    }
+}
+
+impl Cores {
+    /// As a figure: the surface next to Synapse.
+    pub fn sample(self) -> super::figures::Sample {
+        super::figures::Sample {
+            this: Some(self.surface),
+            other: self.synapse,
+        }
+    }
+}
+
+/// Synapse's pid, from the pid file `scripts/synapse.sh` configures in `E2E_SYNAPSE_DIR`.
+fn synapse_pid() -> Option<u32> {
+    let dir = std::env::var_os("E2E_SYNAPSE_DIR")?;
+    let text = std::fs::read_to_string(std::path::Path::new(&dir).join("homeserver.pid")).ok()?;
+    text.trim().parse().ok()
+}
+
+/// User plus system CPU seconds of `pid` (all its threads).
+fn cpu_secs(pid: u32) -> Option<f64> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line, in seconds. The command name (field 2) may
+/// hold spaces and parentheses, so fields are counted from its last `)`.
+fn parse_stat(stat: &str) -> Option<f64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11); // field 3 (state) is index 0
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / TICKS_PER_S)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_are_read_after_the_command_name() {
+        let line = "4242 (python3 -m (syn)) S 1 4242 4242 0 -1 4194560 9 0 0 0 250 50 0 0 20 0 3 0";
+        assert_eq!(parse_stat(line), Some(3.0));
+        assert_eq!(parse_stat("4242 (x) S 1"), None);
+        assert_eq!(parse_stat("no parenthesis"), None);
+    }
+
+    #[test]
+    fn this_process_burning_cpu_is_counted() {
+        let me = std::process::id();
+        let w = CpuWindow {
+            surface: me,
+            synapse: None,
+            start: (cpu_secs(me).unwrap(), None),
+            at: Instant::now(),
+        };
+        let until = Instant::now() + std::time::Duration::from_millis(300);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let c = w.cores().unwrap();
+        assert!(c.surface > 0.3, "{c:?}");
+        assert_eq!(c.synapse, None);
+    }
+}
