@@ -401,6 +401,21 @@ mod tests {
         }
     }
 
+    /// An encrypted upload of 0.86 s (hashing 0.17 s, curl 0.68 s) with the given cores busy.
+    fn encrypted_outbound(surface: f64, synapse: f64) -> Clue {
+        Clue::Outbound {
+            encrypted: true,
+            this_s: 0.86,
+            curl_s: 0.68,
+            sha_s: Some(0.17),
+            busy: Some(Busy {
+                surface,
+                synapse,
+                of: 2.0,
+            }),
+        }
+    }
+
     fn reply(bot: f64, echo: f64, paced: Option<f64>, surface: Option<f64>) -> Clue {
         Clue::Reply {
             bot,
@@ -449,31 +464,11 @@ mod tests {
             ),
             // 0.86 s: sha 0.17 + curl 0.68 = 0.85.
             (
-                Clue::Outbound {
-                    encrypted: true,
-                    this_s: 0.86,
-                    curl_s: 0.68,
-                    sha_s: Some(0.17),
-                    busy: Some(Busy {
-                        surface: 0.9,
-                        synapse: 0.5,
-                        of: 2.0,
-                    }),
-                },
+                encrypted_outbound(0.9, 0.5),
                 "encrypting and hashing not overlapped",
             ),
             (
-                Clue::Outbound {
-                    encrypted: true,
-                    this_s: 0.86,
-                    curl_s: 0.68,
-                    sha_s: Some(0.17),
-                    busy: Some(Busy {
-                        surface: 1.1,
-                        synapse: 0.7,
-                        of: 2.0,
-                    }),
-                },
+                encrypted_outbound(1.1, 0.7),
                 "the processor is saturated: the surface kept 1.10 cores busy and Synapse 0.70, of 2",
             ),
             (outbound(9.0, Some(1.0)), "4.0 s beyond hashing + upload"),
