@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -26,17 +26,26 @@ pub const TARGET: &str = "mxbridge_latency";
 const MAX_ARRIVALS: usize = 4096;
 /// Where matrix-sdk's HTTP client logs.
 const SDK_HTTP: &str = "matrix_sdk::http_client";
+/// Where matrix-sdk-crypto's `OlmMachine` instruments its methods.
+const SDK_CRYPTO: &str = "matrix_sdk_crypto::machine";
+/// The span of the crypto machine's share of every sync: to-device events, one-time key counts
+/// and device lists, and the crypto store's transaction.
+const CRYPTO_SYNC_SPAN: &str = "receive_sync_changes";
 
 /// When an event came: the `/sync` response in the SDK's hands, and the SDK handing it to us.
 #[derive(Debug, Clone, Copy)]
 struct Arrival {
     response: Instant,
     handed: Instant,
+    /// Time spent in the crypto machine's share of that sync, if it was clocked.
+    crypto: Option<Duration>,
 }
 
 static ARRIVALS: Mutex<Option<HashMap<String, Arrival>>> = Mutex::new(None);
 /// The last `/sync` response the SDK received and nobody took yet.
 static SYNC_RESPONSE: Mutex<Option<Instant>> = Mutex::new(None);
+/// How long the crypto machine took over the last sync response, not taken yet.
+static CRYPTO_SYNC: Mutex<Option<Duration>> = Mutex::new(None);
 
 fn enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
@@ -64,12 +73,18 @@ pub fn take_sync_response() -> Option<Instant> {
         .take()
 }
 
+/// How long the crypto machine spent on the latest sync response, once.
+pub fn take_crypto_sync() -> Option<Duration> {
+    CRYPTO_SYNC.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
 /// Events `event_ids` came with a sync response that arrived at `response` and that the SDK
 /// handed over at `handed`.
 pub fn arrived<'a>(
     event_ids: impl IntoIterator<Item = &'a str>,
     response: Instant,
     handed: Instant,
+    crypto: Option<Duration>,
 ) {
     if !enabled() {
         return;
@@ -80,7 +95,14 @@ pub fn arrived<'a>(
         map.clear();
     }
     for id in event_ids {
-        map.insert(id.to_owned(), Arrival { response, handed });
+        map.insert(
+            id.to_owned(),
+            Arrival {
+                response,
+                handed,
+                crypto,
+            },
+        );
     }
 }
 
@@ -97,6 +119,9 @@ pub fn sent_to_agent(event_id: &str) {
     if let Some(a) = at {
         let sdk = a.handed.saturating_duration_since(a.response);
         tracing::debug!(target: TARGET, leg = "sdk_sync", us = sdk.as_micros() as u64);
+        if let Some(crypto) = a.crypto {
+            tracing::debug!(target: TARGET, leg = "sdk_crypto", us = crypto.as_micros() as u64);
+        }
         tracing::debug!(target: TARGET, leg = "sync_to_agent", us = a.response.elapsed().as_micros() as u64);
     }
 }
@@ -106,19 +131,25 @@ pub fn agent_to_send(since: Instant) {
     tracing::debug!(target: TARGET, leg = "agent_to_send", us = since.elapsed().as_micros() as u64);
 }
 
-/// A tracing layer that notes when matrix-sdk's HTTP client has a `/sync` response in hand.
-/// Install it with a filter that lets matrix-sdk's HTTP client through at DEBUG
-/// ([`SyncClock::interested`]), and only when measuring.
+/// A tracing layer that notes when matrix-sdk's HTTP client has a `/sync` response in hand, and
+/// how long the crypto machine's share of processing it took (from its `receive_sync_changes`
+/// span opening to its closing). Install it with a filter that lets matrix-sdk's HTTP client
+/// and crypto machine through at every level ([`SyncClock::interested`]), and only when
+/// measuring.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SyncClock;
 
 /// Marks a `send` span of the SDK's HTTP client that carries a `/sync` request.
 struct IsSync;
 
+/// When a crypto machine's `receive_sync_changes` span opened.
+struct CryptoSince(Instant);
+
 impl SyncClock {
     /// The callsites the layer needs: matrix-sdk's HTTP client, at every level.
     pub fn interested(meta: &Metadata<'_>) -> bool {
         meta.target().starts_with(SDK_HTTP)
+            || (meta.target().starts_with(SDK_CRYPTO) && meta.name() == CRYPTO_SYNC_SPAN)
     }
 
     fn mark<S>(id: &Id, values: &dyn Fn(&mut UriIsSync), ctx: &Context<'_, S>)
@@ -142,7 +173,21 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let meta = attrs.metadata();
+        if meta.name() == CRYPTO_SYNC_SPAN && meta.target().starts_with(SDK_CRYPTO) {
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(CryptoSince(Instant::now()));
+            }
+            return;
+        }
         Self::mark(id, &|v| attrs.record(v), &ctx);
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        if let Some(CryptoSince(since)) = span.extensions().get::<CryptoSince>() {
+            *CRYPTO_SYNC.lock().unwrap_or_else(|p| p.into_inner()) = Some(since.elapsed());
+        }
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
@@ -225,6 +270,27 @@ mod tests {
         let _entered = span.enter();
         span.record("uri", uri);
         tracing::debug!(target: "matrix_sdk::http_client", "Got response");
+    }
+
+    /// The shape of matrix-sdk-crypto 0.18's `OlmMachine::receive_sync_changes`: an INFO span
+    /// of that name (`#[instrument(skip_all)]`) in the module `matrix_sdk_crypto::machine`.
+    #[test]
+    fn the_crypto_machines_share_of_a_sync_is_clocked() {
+        let subscriber = tracing_subscriber::registry().with(SyncClock);
+        tracing::subscriber::with_default(subscriber, || {
+            take_crypto_sync();
+            let other =
+                tracing::info_span!(target: "matrix_sdk_crypto::machine", "decrypt_room_event");
+            drop(other);
+            assert!(take_crypto_sync().is_none());
+            let span =
+                tracing::info_span!(target: "matrix_sdk_crypto::machine", "receive_sync_changes");
+            let opened = Instant::now();
+            drop(span);
+            let took = take_crypto_sync().expect("clocked");
+            assert!(took <= opened.elapsed(), "{took:?}");
+            assert!(take_crypto_sync().is_none(), "taken once");
+        });
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod pipe;
 mod poster;
 mod small;
 mod upload;
+mod writeback;
 
 use std::time::Duration;
 

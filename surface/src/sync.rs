@@ -177,6 +177,7 @@ fn sync_filter() -> matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter
 async fn handle(ctx: &Ctx, response: SyncResponse) {
     let handed = std::time::Instant::now();
     let response_at = crate::latency::take_sync_response().unwrap_or(handed);
+    let crypto = crate::latency::take_crypto_sync();
     for (room_id, update) in response.rooms.joined {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
@@ -191,6 +192,7 @@ async fn handle(ctx: &Ctx, response: SyncResponse) {
             events.iter().map(|e| e.event_id.as_str()),
             response_at,
             handed,
+            crypto,
         );
         if update.timeline.limited {
             metrics::counter!(crate::metrics::LIMITED_SYNCS).increment(1);

@@ -32,6 +32,9 @@ pub enum Leg {
     /// Of [`Leg::SyncToAgent`], the part inside matrix-sdk before the surface's code sees the
     /// events (decryption, the SDK's stores, its outgoing requests).
     SdkSync,
+    /// Of [`Leg::SdkSync`], the crypto machine's share (`receive_sync_changes`: to-device
+    /// events, one-time key counts, device lists, the crypto store's transaction).
+    SdkCrypto,
     /// From the agent's message to the Matrix send.
     AgentToSend,
 }
@@ -42,12 +45,18 @@ impl Leg {
         match self {
             Self::SyncToAgent => "sync_to_agent",
             Self::SdkSync => "sdk_sync",
+            Self::SdkCrypto => "sdk_crypto",
             Self::AgentToSend => "agent_to_send",
         }
     }
 
     /// Every leg, in table order.
-    pub const ALL: [Leg; 3] = [Leg::SyncToAgent, Leg::SdkSync, Leg::AgentToSend];
+    pub const ALL: [Leg; 4] = [
+        Leg::SyncToAgent,
+        Leg::SdkSync,
+        Leg::SdkCrypto,
+        Leg::AgentToSend,
+    ];
     /// The legs that add up to the surface's time (the others are parts of them).
     pub const WHOLE: [Leg; 2] = [Leg::SyncToAgent, Leg::AgentToSend];
 }

@@ -73,6 +73,8 @@ pub enum Clue {
         max: f64,
         /// Of the sync leg, the 99th percentile of the part inside matrix-sdk.
         sdk_p99: Option<f64>,
+        /// Of that, the 99th percentile of its crypto machine's share.
+        crypto_p99: Option<f64>,
     },
     /// Reply latency, ms.
     Reply {
@@ -139,31 +141,23 @@ pub fn hint(clue: &Clue) -> String {
             if let Some(h) = busy.as_ref().and_then(Busy::saturated) {
                 return h;
             }
-            let work = if encrypted {
-                "decrypting and hashing"
-            } else {
-                "hashing"
-            };
-            let (t, tc) = (1.0 / this, 1.0 / curl);
-            let tf = curl_fsync.map(|f| 1.0 / f);
-            let ts = sha.map(|s| 1.0 / s);
-            match (curl_fsync, tf, ts) {
-                (Some(f), _, _) if near(this, f, 0.1) => {
+            let t = 1.0 / this;
+            match (curl_fsync, sha) {
+                (Some(f), _) if near(this, f, 0.1) => {
                     "disk fsync dominates: within 10% of curl+fsync".into()
                 }
-                (_, Some(tf), Some(ts)) if near(t, tf + ts, 0.15) => {
-                    format!("{work} after the download: time ≈ download+fsync + size/SHA-256 rate")
-                }
-                (_, _, Some(ts)) if near(t, tc + ts, 0.15) => {
-                    format!("{work} after the download: time ≈ download + size/SHA-256 rate")
-                }
-                (_, Some(tf), Some(ts)) if t > tf + ts => format!(
-                    "{:.0}% of the time is beyond download+fsync+hash: the surface's download path",
-                    100.0 * (t - tf - ts) / t
+                // The ciphertext is hashed beside the download, on its own thread: only a hash
+                // rate near the download's own rate can hold it back.
+                (_, Some(sha)) if encrypted && near(this, sha, 0.15) => format!(
+                    "hashing the ciphertext keeps pace with it: SHA-256 runs at {sha:.0} MiB/s here"
+                ),
+                (Some(f), _) if this < f => format!(
+                    "{:.0}% of the time is beyond curl+fsync: the surface's download path",
+                    100.0 * (t - 1.0 / f) / t
                 ),
                 _ => format!(
-                    "{:.0}% slower than curl, not explained by fsync or hashing",
-                    100.0 * (t / tc - 1.0)
+                    "{:.0}% slower than curl, not explained by fsync",
+                    100.0 * (t * curl - 1.0)
                 ),
             }
         }
@@ -177,21 +171,19 @@ pub fn hint(clue: &Clue) -> String {
             if let Some(h) = busy.as_ref().and_then(Busy::saturated) {
                 return h;
             }
-            let work = if encrypted {
-                "encrypting and hashing"
-            } else {
-                "hashing"
-            };
+            // A small file is hashed before it is uploaded (deduplication by content); a large one
+            // is not, and an encrypted one's ciphertext is hashed by a second read beside the
+            // upload: that only shows when the processor has no core to spare for it.
             match sha_s {
-                Some(sha) if near(this_s, sha + curl_s, 0.15) => format!(
-                    "{work} not overlapped with the upload: time ≈ size/SHA-256 rate + upload \
+                Some(sha) if !encrypted && near(this_s, sha + curl_s, 0.15) => format!(
+                    "hashing not overlapped with the upload: time ≈ size/SHA-256 rate + upload \
                      ({sha:.2} + {curl_s:.2} s)"
                 ),
-                Some(sha) if this_s > sha + curl_s => format!(
-                    "{:.1} s beyond hashing + upload: the surface's upload path",
-                    this_s - curl_s - sha
+                _ => format!(
+                    "{:.2} s ({:.2}×) beyond curl's upload: the surface's upload path",
+                    this_s - curl_s,
+                    this_s / curl_s
                 ),
-                _ => format!("{:.2}× curl's upload time", this_s / curl_s),
             }
         }
         Clue::Leg {
@@ -199,11 +191,18 @@ pub fn hint(clue: &Clue) -> String {
             p99,
             max,
             sdk_p99,
+            crypto_p99,
         } => {
             if let Some(sdk) = sdk_p99.filter(|s| *s >= 0.5 * p99) {
+                let crypto = crypto_p99.map_or(String::new(), |c| {
+                    format!(
+                        "; {c:.1} ms (p99) of it in its crypto machine's per-sync work (key counts, \
+                         to-device, the crypto store)"
+                    )
+                });
                 format!(
                     "matrix-sdk dominates: {sdk:.1} of the {p99:.1} ms (p99) pass before it hands \
-                     the events over (decryption, its stores, its outgoing requests)"
+                     the events over (decryption, its stores, its outgoing requests){crypto}"
                 )
             } else if p50 > p99 * 0.5 {
                 format!("every message is slow on this leg (p50 {p50:.1} ms)")
@@ -337,6 +336,9 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             sdk_p99: (leg == Leg::SyncToAgent)
                 .then(|| this(Fig::Surface(Leg::SdkSync, Stat::P99)))
                 .flatten(),
+            crypto_p99: (leg == Leg::SyncToAgent)
+                .then(|| this(Fig::Surface(Leg::SdkCrypto, Stat::P99)))
+                .flatten(),
         },
         Fig::Reply { .. } => Clue::Reply {
             bot: reply_p50?,
@@ -443,44 +445,49 @@ mod tests {
                 inbound(400.0, Some(420.0), Some(2000.0)),
                 "disk fsync dominates",
             ),
-            // 1/1000 + 1/500 = 1/333: hashing after the download.
+            // 1/400 - 1/800 of 1/400: half the time beyond curl+fsync.
             (
-                inbound(333.0, None, Some(500.0)),
-                "hashing after the download: time ≈ download +",
-            ),
-            // fsync at 800, sha at 800: 1/800 + 1/800 = 1/400.
-            (
-                inbound(400.0, Some(800.0), Some(800.0)),
-                "time ≈ download+fsync +",
-            ),
-            (
-                inbound(100.0, Some(800.0), Some(2000.0)),
-                "beyond download+fsync+hash",
+                inbound(400.0, Some(800.0), Some(2000.0)),
+                "50% of the time is beyond curl+fsync",
             ),
             (inbound(800.0, None, None), "25% slower than curl"),
+            // Plain files are not hashed on the way in: the hash rate says nothing then.
+            (inbound(500.0, None, Some(520.0)), "100% slower than curl"),
+            (
+                Clue::Inbound {
+                    encrypted: true,
+                    ..inbound(500.0, None, Some(520.0))
+                },
+                "hashing the ciphertext keeps pace with it: SHA-256 runs at 520 MiB/s",
+            ),
             (
                 outbound(5.0, Some(1.0)),
                 "hashing not overlapped with the upload",
             ),
-            // 0.86 s: sha 0.17 + curl 0.68 = 0.85.
             (
                 encrypted_outbound(0.9, 0.5),
-                "encrypting and hashing not overlapped",
+                "0.18 s (1.26×) beyond curl's upload: the surface's upload path",
             ),
             (
                 encrypted_outbound(1.1, 0.7),
                 "the processor is saturated: the surface kept 1.10 cores busy and Synapse 0.70, of 2",
             ),
-            (outbound(9.0, Some(1.0)), "4.0 s beyond hashing + upload"),
-            (outbound(6.0, None), "1.50× curl"),
+            (
+                outbound(9.0, Some(1.0)),
+                "5.00 s (2.25×) beyond curl's upload",
+            ),
+            (outbound(6.0, None), "(1.50×) beyond curl's upload"),
             (
                 Clue::Leg {
                     p50: 3.0,
                     p99: 8.0,
                     max: 9.0,
                     sdk_p99: Some(5.0),
+                    crypto_p99: Some(2.5),
                 },
-                "matrix-sdk dominates: 5.0 of the 8.0 ms",
+                "matrix-sdk dominates: 5.0 of the 8.0 ms (p99) pass before it hands the events \
+                 over (decryption, its stores, its outgoing requests); 2.5 ms (p99) of it in its \
+                 crypto machine",
             ),
             (
                 Clue::Leg {
@@ -488,6 +495,7 @@ mod tests {
                     p99: 8.0,
                     max: 9.0,
                     sdk_p99: Some(1.0),
+                    crypto_p99: None,
                 },
                 "every message is slow",
             ),
@@ -497,6 +505,7 @@ mod tests {
                     p99: 30.0,
                     max: 30.0,
                     sdk_p99: None,
+                    crypto_p99: None,
                 },
                 "a few outliers",
             ),
@@ -506,6 +515,7 @@ mod tests {
                     p99: 8.0,
                     max: 30.0,
                     sdk_p99: None,
+                    crypto_p99: None,
                 },
                 "tail only",
             ),

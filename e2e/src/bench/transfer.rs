@@ -76,7 +76,41 @@ impl<'a> Transfers<'a> {
     fn scratch(&self, name: &str) -> PathBuf {
         self.tmp.path().join(name)
     }
+
+    /// Puts every timed transfer, the surface's and curl's alike, on the same footing: writes
+    /// and deletes [`PRIME_FACTOR`] times the file's size on the workspace's disk, so the page
+    /// cache the transfer (and Synapse storing or serving it) fills comes from memory just
+    /// released. Memory the kernel has not used for a while can cost far more than the disk: on
+    /// a virtual machine the host may have to fault it in again, and writing a GiB into such
+    /// memory ran at 400 MiB/s here, into reused memory at 3 GiB/s. Without this, whichever of
+    /// the two transfers came first paid for the other (measured with perf: Synapse's time went
+    /// to copying into fresh page cache for one upload, not for the next).
+    async fn prime(&self) -> Result<()> {
+        let path = self.scratch("prime.bin");
+        let size = self.size * PRIME_FACTOR;
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut f = std::fs::File::create(&path)?;
+            let buf = vec![0x5au8; MIB as usize];
+            let mut left = size;
+            while left > 0 {
+                let n = left.min(MIB) as usize;
+                f.write_all(&buf[..n])?;
+                left -= n as u64;
+            }
+            drop(f);
+            // Unlinked, its dirty pages are dropped without being written.
+            std::fs::remove_file(&path)?;
+            Ok(())
+        })
+        .await
+        .context("prime the page cache")?
+    }
 }
+
+/// How much page cache [`Transfers::prime`] releases before a transfer, in file sizes: the
+/// transfer's own file, and Synapse's copy (it writes an upload once as it arrives and once
+/// into its media store).
+const PRIME_FACTOR: u64 = 3;
 
 /// Writes `size` bytes of noise from `seed` to `path` (on a blocking thread).
 async fn write_noise(path: &Path, size: u64, seed: u64) -> Result<()> {

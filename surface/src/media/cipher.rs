@@ -1,11 +1,12 @@
 //! Matrix attachment encryption (version 2: AES-256-CTR, and the SHA-256 of the ciphertext in
 //! the event) with its two halves apart. matrix-sdk-crypto's `AttachmentEncryptor` and
-//! `AttachmentDecryptor` run the keystream and the hash one after the other on one thread; a
-//! large transfer here runs them on two ([`Keystream`] in the disk-side thread, [`hash_beside`]
-//! on its own), which on a machine shared with the homeserver is the difference between
-//! keeping pace with the network and not. The format is the SDK's: a fresh 256-bit key, an IV
-//! whose first 8 bytes are random and whose last 8 (the counter) start at zero, a 128-bit
-//! big-endian counter.
+//! `AttachmentDecryptor` run the keystream and the hash one after the other on one thread; here
+//! they run apart. A download checks the hash on a thread beside the decryption
+//! ([`hash_beside`]): the file may only be committed once it matches. An upload needs the hash
+//! only for the event, after the bytes went out, so a second, low-priority read of the file
+//! computes it ([`hash_again`]) and the upload never waits for it. The format is the SDK's: a
+//! fresh 256-bit key, an IV whose first 8 bytes are random and whose last 8 (the counter) start
+//! at zero, a 128-bit big-endian counter.
 
 use aes::Aes256;
 use aes::cipher::{KeyIvInit, StreamCipher};
@@ -40,6 +41,12 @@ impl Keystream {
     /// XORs the next `buf.len()` bytes of the keystream into `buf`.
     pub fn apply(&mut self, buf: &mut [u8]) {
         self.0.apply_keystream(buf);
+    }
+
+    /// A second keystream at the same position: it makes the same ciphertext of the same
+    /// plaintext ([`hash_again`]).
+    pub fn fork(&self) -> Self {
+        Self(self.0.clone())
     }
 }
 
@@ -125,6 +132,95 @@ pub fn hash_beside() -> (mpsc::Sender<Bytes>, JoinHandle<[u8; 32]>) {
     (tx, handle)
 }
 
+/// What [`hash_again`] found: the SHA-256 of the ciphertext, and a checksum of the plaintext it
+/// read, to compare with one taken of the plaintext that was sent ([`plain_checksum`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rehashed {
+    /// SHA-256 of the ciphertext.
+    pub sha256: [u8; 32],
+    /// XXH3-128 of the plaintext read.
+    pub plain: u128,
+}
+
+/// A fast checksum of plaintext, fed chunk by chunk; [`Rehashed::plain`] of the same bytes.
+pub fn plain_checksum() -> xxhash_rust::xxh3::Xxh3 {
+    xxhash_rust::xxh3::Xxh3::new()
+}
+
+/// Chunks the second reader of [`hash_again`] reads at a time.
+const REHASH_CHUNK: usize = 256 * 1024;
+
+/// Computes the SHA-256 of an upload's ciphertext by reading the plaintext once more (`len`
+/// bytes of `plain`) and encrypting it again with `keystream` (a [`Keystream::fork`] of the
+/// upload's), on a thread of its own at the lowest CPU priority.
+///
+/// The hash is needed only for the event, once the upload is done, so it must never hold the
+/// upload back: hashed beside the upload from the same chunks, it did exactly that on a machine
+/// whose cores are busy with the homeserver (the upload waits whenever the hasher falls behind,
+/// and the hasher takes the core the homeserver needs to receive). Read apart, it can start once
+/// the bytes are out and run while the homeserver stores them; at the lowest priority it yields
+/// to anything else that wants the processor. The caller compares [`Rehashed::plain`] with the checksum of what it
+/// sent: a file changed between the two reads is caught, never described with a wrong hash.
+/// Dropping the returned receiver stops the thread at its next chunk.
+pub fn hash_again<R>(
+    mut plain: R,
+    len: u64,
+    mut keystream: Keystream,
+) -> tokio::sync::oneshot::Receiver<std::io::Result<Rehashed>>
+where
+    R: std::io::Read + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let work = move || {
+        lower_own_priority();
+        let mut sha = Sha256::new();
+        let mut check = plain_checksum();
+        let mut buf = vec![0u8; REHASH_CHUNK];
+        let mut left = len;
+        while left > 0 {
+            if tx.is_closed() {
+                return;
+            }
+            let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+            let n = match super::pipe::fill(&mut plain, &mut buf[..want]) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let chunk = &mut buf[..n];
+            check.update(chunk);
+            keystream.apply(chunk);
+            sha.update(&*chunk);
+            left -= n as u64;
+        }
+        let _ = tx.send(Ok(Rehashed {
+            sha256: sha.finalize().into(),
+            plain: check.digest128(),
+        }));
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("mxbridge-rehash".into())
+        .spawn(work)
+    {
+        // The closure (and its sender) is gone with the failed spawn: the receiver reports it.
+        tracing::warn!(error = %e, "could not start the hashing thread");
+    }
+    rx
+}
+
+/// Gives the calling thread the lowest CPU priority (nice 19), so it takes only what nothing
+/// else wants. On Linux the nice value is per thread; elsewhere it would be the whole process's,
+/// so nothing is done there.
+fn lower_own_priority() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19) {
+        tracing::debug!(error = %e, "could not lower the hashing thread's priority");
+    }
+}
+
 /// Whether `got` is the `expected` hash, compared in constant time (the hash is public, but
 /// nothing is lost by not leaking where it differs).
 pub fn check(got: &[u8; 32], expected: &[u8; 32]) -> Result<(), CipherError> {
@@ -206,6 +302,44 @@ mod tests {
         cipher[1000] ^= 1;
         let got: [u8; 32] = Sha256::digest(&cipher).into();
         assert_eq!(check(&got, &expected), Err(CipherError::HashMismatch));
+    }
+
+    #[tokio::test]
+    async fn hashed_again_is_the_hash_of_what_was_sent() {
+        let plain = data();
+        let (fresh, mut stream) = Fresh::new();
+        let again = hash_again(
+            Cursor::new(plain.clone()),
+            plain.len() as u64,
+            stream.fork(),
+        );
+        let mut sent = plain.clone();
+        let mut check = plain_checksum();
+        for part in sent.chunks_mut(70_001) {
+            check.update(part);
+            stream.apply(part);
+        }
+        let got = again.await.unwrap().unwrap();
+        assert_eq!(got.plain, check.digest128());
+        // The SDK decrypts what was sent with the info made from the hash read again.
+        let f = file(fresh.finish(got.sha256));
+        let mut input = Cursor::new(sent);
+        let mut dec = AttachmentDecryptor::new(&mut input, f.into()).unwrap();
+        let mut back = Vec::new();
+        dec.read_to_end(&mut back).unwrap();
+        assert_eq!(back, plain);
+    }
+
+    #[tokio::test]
+    async fn a_file_changed_between_the_reads_is_told_by_its_checksum() {
+        let plain = data();
+        let (_, stream) = Fresh::new();
+        let mut changed = plain.clone();
+        changed[12_345] ^= 1;
+        let again = hash_again(Cursor::new(changed), plain.len() as u64, stream.fork());
+        let mut check = plain_checksum();
+        check.update(&plain);
+        assert_ne!(again.await.unwrap().unwrap().plain, check.digest128());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use matrix_sdk::ruma::{EventId, OwnedEventId, OwnedRoomId, OwnedUserId};
 use protocol::{AttachmentInfo, WorkspacePath};
 
 use super::cipher::{self, Keystream};
+use super::writeback::{self, Writeback};
 use super::{
     HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, pipe, quoted_name,
     send, transfer_timeout, with_retries,
@@ -325,12 +326,11 @@ struct Sunk {
 /// Size of the writes to the inbox file: the chunks from the network are gathered into writes
 /// of this size (one copy; the write takes straight from it).
 const WRITE_SIZE: usize = 256 * 1024;
-/// Written data is handed to the disk every this many bytes, so the fsync at the end has little
-/// left to do: durability costs one fsync per file, not a second pass over it.
-const WRITEBACK_EVERY: u64 = 8 * 1024 * 1024;
 
 /// The blocking end of a download: decrypts (when a `keystream` is given; the ciphertext's hash
-/// is checked beside it), keeps the first bytes for sniffing, and writes to `out`.
+/// is checked beside it), keeps the first bytes for sniffing, and writes to `out`, handing the
+/// written windows to the disk as it goes ([`writeback`]), so the fsync at the end has little
+/// left to do and the page cache does not grow with the file.
 fn sink(
     mut input: pipe::ChannelReader,
     mut keystream: Option<Keystream>,
@@ -340,7 +340,7 @@ fn sink(
     let mut head = Vec::with_capacity(head_cap);
     let mut buf = vec![0u8; WRITE_SIZE];
     let mut size = 0u64;
-    let mut written_back = 0u64;
+    let mut writeback = Writeback::new(writeback::WINDOW);
     loop {
         let n = pipe::fill(&mut input, &mut buf)?;
         if n == 0 {
@@ -356,24 +356,11 @@ fn sink(
         }
         out.write_all(chunk)?;
         size += n as u64;
-        if size - written_back >= WRITEBACK_EVERY {
-            start_writeback(&out, written_back, size - written_back);
-            written_back = size;
+        if let Some(advice) = writeback.after(size) {
+            writeback::apply(&out, &advice);
         }
     }
     Ok(Sunk { head, size })
-}
-
-/// Starts writing `len` bytes at `offset` of `file` to the disk without waiting (Linux starts
-/// writeback of dirty pages for `POSIX_FADV_DONTNEED`). Only an optimization: errors are ignored,
-/// the final fsync is what makes the file durable.
-fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
-    let _ = rustix::fs::fadvise(
-        file,
-        offset,
-        std::num::NonZeroU64::new(len),
-        rustix::fs::Advice::DontNeed,
-    );
 }
 
 fn temp_label(req: &DownloadRequest) -> String {

@@ -391,8 +391,12 @@ async fn attempt(
 }
 
 /// One try of an encrypted upload: the file is read (and hashed, when `hash`) and encrypted with
-/// a fresh key on a blocking thread while the ciphertext (as long as the plaintext) streams out;
-/// the ciphertext's hash, which the event carries, is computed on a thread of its own beside it.
+/// a fresh key on a blocking thread while the ciphertext (as long as the plaintext) streams out.
+/// The ciphertext's hash, which the event carries, is needed only once the homeserver has the
+/// upload, so it comes from a second read of the file that starts when the last bytes have been
+/// handed to the request ([`cipher::hash_again`]): it runs while the homeserver stores (and
+/// itself hashes) what it received, instead of taking a core from the upload. A file that
+/// changed between the two reads fails the try.
 async fn attempt_encrypted(
     api: &MediaApi,
     opened: &OpenedFile,
@@ -401,10 +405,12 @@ async fn attempt_encrypted(
 ) -> Result<(OwnedMxcUri, Option<String>, MediaEncryptionInfo), UploadError> {
     let len = opened.size;
     let source = opened.std_reader().map_err(UploadError::Read)?;
+    let again = opened.std_reader().map_err(UploadError::Read)?;
     let (fresh, mut keystream) = cipher::Fresh::new();
-    let (hash_tx, hashed) = cipher::hash_beside();
+    let from_start = keystream.fork();
     let (stream, done) = pipe::produce(move |emit| {
         let mut plain = pipe::Hashing::new(source.take(len), hash);
+        let mut check = cipher::plain_checksum();
         let mut sent = 0u64;
         loop {
             let mut buf = vec![0u8; pipe::UPLOAD_CHUNK];
@@ -413,29 +419,32 @@ async fn attempt_encrypted(
                 break;
             }
             buf.truncate(n);
+            check.update(&buf);
             keystream.apply(&mut buf);
-            let chunk = Bytes::from(buf);
-            hash_tx
-                .blocking_send(chunk.clone())
-                .map_err(|_| io::Error::other("the hashing thread stopped"))?;
-            emit.send(chunk)?;
+            emit.send(Bytes::from(buf))?;
             sent += n as u64;
         }
-        drop(hash_tx);
         if sent != len {
             return Err(shrank());
         }
-        Ok(plain.hex())
+        let rehashed = cipher::hash_again(again.take(len), len, from_start);
+        Ok((plain.hex(), check.digest128(), rehashed))
     });
     let mxc = post_stream(api, url, "application/octet-stream", len, stream).await?;
-    let sha = done
+    let (sha, sent_check, rehashed) = done
         .await
         .map_err(|e| UploadError::Read(io::Error::other(e)))?
         .map_err(UploadError::Read)?;
-    let cipher_sha = hashed
+    let again = rehashed
         .await
-        .map_err(|e| UploadError::Read(io::Error::other(e)))?;
-    Ok((mxc, sha, fresh.finish(cipher_sha)))
+        .map_err(|_| UploadError::Read(io::Error::other("the hashing thread stopped")))?
+        .map_err(UploadError::Read)?;
+    if again.plain != sent_check {
+        return Err(UploadError::Read(io::Error::other(
+            "the file changed while being uploaded",
+        )));
+    }
+    Ok((mxc, sha, fresh.finish(again.sha256)))
 }
 
 /// Posts a streamed body of `len` bytes to the media upload endpoint; returns the URI.

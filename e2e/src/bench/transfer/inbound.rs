@@ -37,6 +37,7 @@ impl Transfers<'_> {
             .workspace
             .join(protocol::room_dir(&s.user.user_id, room_id).as_str())
             .join("inbox");
+        self.prime().await?;
         let mut watch = InboxWatch::start(&inbox)?;
         let window = PeakWindow::open(s.stack.surface.pid())?;
         let cpu = CpuWindow::open(s.stack.surface.pid())?;
@@ -69,9 +70,11 @@ impl Transfers<'_> {
             None => self.encrypted_blob(room_id, &id).await?,
         };
         let out = self.scratch(&format!("curl-{name}"));
+        self.prime().await?;
         let plain = self.curl.download(&mxc, &out, false).await?;
         check_len(&out, self.size)?;
         std::fs::remove_file(&out)?;
+        self.prime().await?;
         let fsynced = self.curl.download(&mxc, &out, true).await?;
         check_len(&out, self.size)?;
         std::fs::remove_file(&out)?;

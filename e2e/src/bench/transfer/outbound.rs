@@ -27,6 +27,7 @@ impl Transfers<'_> {
         std::fs::create_dir_all(path.parent().unwrap_or(&s.stack.workspace))?;
         write_noise(&path, self.size, seed).await?;
 
+        self.prime().await?;
         let window = PeakWindow::open(s.stack.surface.pid())?;
         let log_from = s.stack.surface.log().len();
         let cpu = CpuWindow::open(s.stack.surface.pid())?;
@@ -46,6 +47,7 @@ impl Transfers<'_> {
             .await?
             .saturating_sub(before);
 
+        self.prime().await?;
         let (curl, _) = self.curl.upload(&path).await?;
         std::fs::remove_file(&path)?;
         Ok(RunFigures::from([
