@@ -456,7 +456,11 @@ mod tests {
             (
                 Clue::Inbound {
                     encrypted: true,
-                    ..inbound(500.0, None, Some(520.0))
+                    this: 500.0,
+                    curl: 1000.0,
+                    curl_fsync: None,
+                    sha: Some(520.0),
+                    busy: None,
                 },
                 "hashing the ciphertext keeps pace with it: SHA-256 runs at 520 MiB/s",
             ),
