@@ -18,14 +18,14 @@ use matrix_sdk::ruma::api::client::room::create_room::v3::{
     Request as CreateRoomRequest, RoomPreset,
 };
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
-use matrix_sdk::ruma::events::room::MediaSource;
 use matrix_sdk::ruma::events::room::encrypted::SyncRoomEncryptedEvent;
 use matrix_sdk::ruma::events::room::encryption::RoomEncryptionEventContent;
 use matrix_sdk::ruma::events::room::member::MembershipState;
 use matrix_sdk::ruma::events::room::message::{
-    FormattedBody, MessageType, OriginalSyncRoomMessageEvent, Relation, RoomMessageEventContent,
-    TextMessageEventContent,
+    FileInfo, FileMessageEventContent, FormattedBody, MessageType, OriginalSyncRoomMessageEvent,
+    Relation, RoomMessageEventContent, TextMessageEventContent,
 };
+use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent, InitialStateEvent};
 use matrix_sdk::ruma::{EventEncryptionAlgorithm, EventId, RoomId, UInt, UserId};
 use matrix_sdk::store::RoomLoadSettings;
@@ -460,6 +460,40 @@ impl E2eeUser {
             .await
             .with_context(|| format!("send {filename} to {room}"))?;
         Ok(resp.event_id.to_string())
+    }
+
+    /// Uploads `bytes` encrypted, as [`Self::send_file`] does before its event, and returns what
+    /// the event describes; [`Self::send_encrypted_file`] sends it. Apart, a benchmark can time
+    /// what the event sets off without the upload before it.
+    pub async fn upload_encrypted(&self, bytes: &[u8]) -> Result<EncryptedFile> {
+        let mut reader = bytes;
+        self.client()
+            .upload_encrypted_file(&mut reader)
+            .await
+            .context("upload an encrypted file")
+    }
+
+    /// Sends an `m.file` event (encrypted, in an encrypted room) for a `file` of `size` bytes
+    /// uploaded by [`Self::upload_encrypted`]; returns the event id.
+    pub async fn send_encrypted_file(
+        &self,
+        room: &str,
+        filename: &str,
+        mime: &str,
+        size: u64,
+        file: EncryptedFile,
+    ) -> Result<String> {
+        let r = self.room(room)?;
+        let mut info = FileInfo::new();
+        info.mimetype = Some(mime.to_owned());
+        info.size = UInt::new(size);
+        let content = FileMessageEventContent::encrypted(filename.to_owned(), file)
+            .info(Some(Box::new(info)));
+        let sent = r
+            .send(RoomMessageEventContent::new(MessageType::File(content)))
+            .await
+            .with_context(|| format!("send {filename} to {room}"))?;
+        Ok(sent.response.event_id.to_string())
     }
 
     /// Sends OGG/Opus `bytes` as a voice message, as Element records one (`m.audio` with the

@@ -451,51 +451,95 @@ pub fn wake(ctx: &Ctx, pokes: Pokes) {
 /// Decides and journals `events` of `room` (one transaction), then acts: answers go to the
 /// waiting turn, lanes are woken.
 pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
-    let room_id = room.room_id().as_str();
-    if events.is_empty() {
-        // Still mark the room as seen: its later gaps are then real gaps.
-        if let Err(e) = ctx.journal.record(room_id, &[]) {
-            error!(error = %e, "journal write failed");
-        }
-        return;
-    }
-    let facts = RoomFacts::read(ctx, room).await;
+    let batch = prepare(ctx, room, events).await;
+    record_all(ctx, vec![batch]).await;
+}
+
+/// One room's new events, decided and ready to be journaled.
+#[derive(Debug)]
+pub struct Prepared {
+    room: Room,
+    events: Vec<RawEvent>,
+    rows: Vec<NewEvent>,
+    decisions: Vec<Decision>,
+}
+
+/// Decides what each of `events` of `room` is (nothing is written yet).
+pub async fn prepare(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) -> Prepared {
     let mut rows: Vec<NewEvent> = Vec::with_capacity(events.len());
     let mut decisions = Vec::with_capacity(events.len());
-    for e in &events {
-        let (row, decision) = classify(ctx, room, &facts, e).await;
-        if decision == Decision::WaitForKey {
-            warn!(
-                room_id,
-                event_id = %e.event_id,
-                sender = %e.sender,
-                session_id = %e.str_field("session_id"),
-                "message not decryptable yet; its chat waits for the room key"
-            );
+    if !events.is_empty() {
+        let room_id = room.room_id().as_str();
+        let facts = RoomFacts::read(ctx, room).await;
+        for e in &events {
+            let (row, decision) = classify(ctx, room, &facts, e).await;
+            if decision == Decision::WaitForKey {
+                warn!(
+                    room_id,
+                    event_id = %e.event_id,
+                    sender = %e.sender,
+                    session_id = %e.str_field("session_id"),
+                    "message not decryptable yet; its chat waits for the room key"
+                );
+            }
+            // An edit of a message in this very batch: the message is not journaled yet, so the
+            // edit's lookup found nothing; it takes the new text before it is recorded.
+            if let Some((target, _, new)) = edit_of(ctx, e)
+                && let Some(edited) = rows.iter_mut().find(|r| {
+                    r.event_id == target
+                        && r.sender == e.sender
+                        && matches!(r.disposition, Disposition::Trigger | Disposition::Context)
+                })
+            {
+                info!(event_id = %e.event_id, edited = %target, "edit of a message in the same batch");
+                edited.content = Some(new.content.to_string());
+            }
+            rows.push(row);
+            decisions.push(decision);
         }
-        // An edit of a message in this very batch: the message is not journaled yet, so the
-        // edit's lookup found nothing; it takes the new text before it is recorded.
-        if let Some((target, _, new)) = edit_of(ctx, e)
-            && let Some(edited) = rows.iter_mut().find(|r| {
-                r.event_id == target
-                    && r.sender == e.sender
-                    && matches!(r.disposition, Disposition::Trigger | Disposition::Context)
-            })
-        {
-            info!(event_id = %e.event_id, edited = %target, "edit of a message in the same batch");
-            edited.content = Some(new.content.to_string());
-        }
-        rows.push(row);
-        decisions.push(decision);
     }
-    let inserted = match ctx.journal.record(room_id, &rows) {
+    Prepared {
+        room: room.clone(),
+        events,
+        rows,
+        decisions,
+    }
+}
+
+/// Journals the rooms of `batches` in one transaction (one fsync for a whole sync, however
+/// many rooms spoke; a room without new events is still marked seen, so its later gaps are
+/// real gaps), then acts on the new events room by room and wakes their lanes.
+pub async fn record_all(ctx: &Ctx, batches: Vec<Prepared>) {
+    let rooms: Vec<(&str, &[NewEvent])> = batches
+        .iter()
+        .map(|b| (b.room.room_id().as_str(), b.rows.as_slice()))
+        .collect();
+    let inserted = match ctx.journal.record_rooms(&rooms) {
         Ok(i) => i,
         Err(e) => {
             // Nothing acts on unrecorded events; the next start-up catch-up finds them again.
-            error!(error = %e, "journal write failed; events will be caught up later");
+            let room_ids: Vec<&str> = rooms.iter().map(|(r, _)| *r).collect();
+            let events: usize = rooms.iter().map(|(_, e)| e.len()).sum();
+            error!(error = %e, ?room_ids, events, "journal write failed; events will be caught up later");
             return;
         }
     };
+    let mut pokes = Pokes::new();
+    for (batch, inserted) in batches.into_iter().zip(inserted) {
+        act_on_new(ctx, batch, inserted, &mut pokes).await;
+    }
+    wake(ctx, pokes);
+}
+
+/// After `batch` was journaled (`inserted`: which of its events were new): the offline
+/// notice, the metrics, and [`act`] for each new event.
+async fn act_on_new(ctx: &Ctx, batch: Prepared, inserted: Vec<bool>, pokes: &mut Pokes) {
+    let Prepared {
+        room,
+        events,
+        rows,
+        decisions,
+    } = batch;
     if let Some(after) = ctx.config.offline_notice_after {
         let fresh_triggers: Vec<u64> = rows
             .iter()
@@ -507,17 +551,15 @@ pub async fn record(ctx: &Ctx, room: &Room, events: Vec<RawEvent>) {
             .collect();
         let missed = missed_while_offline(&fresh_triggers, ctx.started_ms, now_ms(), after);
         if missed > 0 {
-            announce_catch_up(ctx, room, missed).await;
+            announce_catch_up(ctx, &room, missed).await;
         }
     }
-    let mut pokes = Pokes::new();
     for (((row, decision), new), e) in rows.iter().zip(decisions).zip(inserted).zip(&events) {
         if new {
             crate::metrics::event(event_kind(e), decision_label(&decision));
-            act(ctx, row, decision, e, &mut pokes);
+            act(ctx, row, decision, e, pokes);
         }
     }
-    wake(ctx, pokes);
 }
 
 /// The `kind` label of an event (a handful of values).

@@ -325,12 +325,22 @@ impl Journal {
     /// Records `events` of one room in order, marks the room known, and returns for each event
     /// whether it was new (already journaled events are left untouched). One transaction.
     pub fn record(&self, room_id: &str, events: &[NewEvent]) -> Result<Vec<bool>> {
+        let mut all = self.record_rooms(&[(room_id, events)])?;
+        Ok(all.pop().unwrap_or_default())
+    }
+
+    /// [`Journal::record`] for several rooms (what one sync brought) in one transaction, so
+    /// with one fsync however many rooms spoke: returns, room by room, which events were new.
+    pub fn record_rooms(&self, rooms: &[(&str, &[NewEvent])]) -> Result<Vec<Vec<bool>>> {
         let mut conn = self.conn();
         conn.pragma_update(None, "synchronous", "FULL")?;
-        let inserted = Self::record_in(&mut conn, room_id, events);
+        let inserted = Self::record_in(&mut conn, rooms);
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         drop(conn);
-        if inserted.as_ref().is_ok_and(|i| i.contains(&true)) {
+        if inserted
+            .as_ref()
+            .is_ok_and(|rooms| rooms.iter().flatten().any(|new| *new))
+        {
             self.changed();
         }
         inserted
@@ -345,15 +355,14 @@ impl Journal {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn record_in(conn: &mut Connection, room_id: &str, events: &[NewEvent]) -> Result<Vec<bool>> {
+    fn record_in(conn: &mut Connection, rooms: &[(&str, &[NewEvent])]) -> Result<Vec<Vec<bool>>> {
         let tx = conn.transaction()?;
         let now = now_ms();
-        tx.execute(
-            "INSERT OR IGNORE INTO rooms(room_id, first_seen_ms) VALUES(?1, ?2)",
-            params![room_id, now],
-        )?;
-        let mut inserted = Vec::with_capacity(events.len());
+        let mut out = Vec::with_capacity(rooms.len());
         {
+            let mut room_stmt = tx.prepare_cached(
+                "INSERT OR IGNORE INTO rooms(room_id, first_seen_ms) VALUES(?1, ?2)",
+            )?;
             let mut stmt = tx.prepare_cached(
                 "INSERT OR IGNORE INTO events(event_id, room_id, chat_id, thread_root, sender, \
                  sender_name, origin_ts, content, disposition, state, recorded_ms) \
@@ -362,28 +371,33 @@ impl Journal {
             let mut chat_stmt = tx.prepare_cached(
                 "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
             )?;
-            for e in events {
-                let n = stmt.execute(params![
-                    e.event_id,
-                    e.room_id,
-                    e.chat_id.as_ref().map(ChatId::as_str),
-                    e.thread_root,
-                    e.sender,
-                    e.sender_name,
-                    e.origin_ts as i64,
-                    e.content,
-                    e.disposition.as_str(),
-                    e.disposition.initial_state(),
-                    now,
-                ])?;
-                if let Some(chat) = &e.chat_id {
-                    chat_stmt.execute(params![chat.as_str(), e.room_id, e.thread_root])?;
+            for (room_id, events) in rooms {
+                room_stmt.execute(params![room_id, now])?;
+                let mut inserted = Vec::with_capacity(events.len());
+                for e in *events {
+                    let n = stmt.execute(params![
+                        e.event_id,
+                        e.room_id,
+                        e.chat_id.as_ref().map(ChatId::as_str),
+                        e.thread_root,
+                        e.sender,
+                        e.sender_name,
+                        e.origin_ts as i64,
+                        e.content,
+                        e.disposition.as_str(),
+                        e.disposition.initial_state(),
+                        now,
+                    ])?;
+                    if let Some(chat) = &e.chat_id {
+                        chat_stmt.execute(params![chat.as_str(), e.room_id, e.thread_root])?;
+                    }
+                    inserted.push(n == 1);
                 }
-                inserted.push(n == 1);
+                out.push(inserted);
             }
         }
         tx.commit()?;
-        Ok(inserted)
+        Ok(out)
     }
 
     fn row_to_event(r: &rusqlite::Row<'_>) -> rusqlite::Result<JournaledEvent> {
@@ -690,6 +704,51 @@ mod tests {
             plan.iter().any(|p| p.contains("events_undecrypted")),
             "{plan:?}"
         );
+    }
+
+    #[test]
+    fn rooms_of_one_sync_are_recorded_together_each_with_its_own_answer() {
+        let j = Journal::in_memory().unwrap();
+        let in_room = |id: &str, room: &str| {
+            let chat = ChatId::for_conversation(room, None);
+            NewEvent {
+                room_id: room.into(),
+                ..ev(id, &chat, Disposition::Trigger)
+            }
+        };
+        j.record("!a:hs", &[in_room("$a1", "!a:hs")]).unwrap();
+        let a = [in_room("$a1", "!a:hs"), in_room("$a2", "!a:hs")];
+        let b = [in_room("$b1", "!b:hs")];
+        let new = j
+            .record_rooms(&[("!a:hs", &a), ("!quiet:hs", &[]), ("!b:hs", &b)])
+            .unwrap();
+        assert_eq!(new, vec![vec![false, true], vec![], vec![true]]);
+        for room in ["!a:hs", "!quiet:hs", "!b:hs"] {
+            assert!(j.room_known(room).unwrap(), "{room}");
+        }
+        let chat_b = ChatId::for_conversation("!b:hs", None);
+        assert_eq!(
+            j.next_pending(&chat_b).unwrap().unwrap().event.event_id,
+            "$b1"
+        );
+        // One transaction: a batch that fails part-way leaves nothing of itself behind.
+        let first = in_room("$c1", "!c:hs");
+        j.conn()
+            .execute_batch(
+                "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.event_id = '$bad' \
+                 BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+            )
+            .unwrap();
+        let refused = NewEvent {
+            event_id: "$bad".into(),
+            ..in_room("$x", "!c:hs")
+        };
+        assert!(
+            j.record_rooms(&[("!c:hs", &[first]), ("!d:hs", &[refused])])
+                .is_err()
+        );
+        assert!(!j.contains("$c1").unwrap());
+        assert!(!j.room_known("!c:hs").unwrap());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Where the surface's own time goes, for the benchmark (`scripts/bench.sh`): from the `/sync`
 //! response in matrix-sdk's hands to the turn's frame at the agent (`sync_to_agent`), the part of
 //! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: decryption, its stores,
-//! its outgoing requests), and from an agent message to the post it causes (`agent_to_send`).
+//! its outgoing requests) and the rest, the surface's own (`surface_sync`), and from an agent
+//! message to the post it causes (`agent_to_send`).
 //! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
 //! recorded unless that target is enabled.
 //!
@@ -122,7 +123,11 @@ pub fn sent_to_agent(event_id: &str) {
         if let Some(crypto) = a.crypto {
             tracing::debug!(target: TARGET, leg = "sdk_crypto", us = crypto.as_micros() as u64);
         }
-        tracing::debug!(target: TARGET, leg = "sync_to_agent", us = a.response.elapsed().as_micros() as u64);
+        let now = Instant::now();
+        let own = now.saturating_duration_since(a.handed);
+        tracing::debug!(target: TARGET, leg = "surface_sync", us = own.as_micros() as u64);
+        let all = now.saturating_duration_since(a.response);
+        tracing::debug!(target: TARGET, leg = "sync_to_agent", us = all.as_micros() as u64);
     }
 }
 
@@ -291,6 +296,66 @@ mod tests {
             assert!(took <= before.elapsed(), "{took:?}");
             assert!(take_crypto_sync().is_none(), "taken once");
         });
+    }
+
+    /// The `(leg, us)` of every measurement logged while it is installed.
+    #[derive(Clone, Default)]
+    struct Legs(std::sync::Arc<Mutex<Vec<(String, u64)>>>);
+
+    impl<S: Subscriber> Layer<S> for Legs {
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            #[derive(Default)]
+            struct Fields(String, u64);
+            impl Visit for Fields {
+                fn record_str(&mut self, field: &Field, value: &str) {
+                    if field.name() == "leg" {
+                        value.clone_into(&mut self.0);
+                    }
+                }
+                fn record_u64(&mut self, field: &Field, value: u64) {
+                    if field.name() == "us" {
+                        self.1 = value;
+                    }
+                }
+                fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+            }
+            if event.metadata().target() == TARGET {
+                let mut f = Fields::default();
+                event.record(&mut f);
+                self.0.lock().unwrap().push((f.0, f.1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_turns_sync_leg_is_split_between_the_sdk_and_the_surface() {
+        let legs = Legs::default();
+        let subscriber = tracing_subscriber::registry().with(legs.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let response = Instant::now();
+            std::thread::sleep(Duration::from_millis(3));
+            let handed = Instant::now();
+            let id = "$split:example.org";
+            arrived([id], response, handed, Some(Duration::from_micros(700)));
+            std::thread::sleep(Duration::from_millis(2));
+            sent_to_agent(id);
+            sent_to_agent(id);
+        });
+        let got: HashMap<String, u64> = legs.0.lock().unwrap().iter().cloned().collect();
+        assert_eq!(
+            got.len(),
+            4,
+            "each leg once, the second send ignored: {got:?}"
+        );
+        assert_eq!(got["sdk_crypto"], 700);
+        assert!(got["sdk_sync"] >= 3000, "{got:?}");
+        assert!(got["surface_sync"] >= 2000, "{got:?}");
+        // Each part is truncated to whole microseconds on its own.
+        let parts = got["sdk_sync"] + got["surface_sync"];
+        assert!(
+            (parts..=parts + 1).contains(&got["sync_to_agent"]),
+            "the two parts make the whole: {got:?}"
+        );
     }
 
     #[test]

@@ -173,11 +173,13 @@ fn sync_filter() -> matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter
     matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter::FilterDefinition(def)
 }
 
-/// Journals what one sync brought, room by room.
+/// Journals what one sync brought: every room's new events are decided, then journaled in one
+/// transaction (one fsync per sync, not per room that spoke), then acted on.
 async fn handle(ctx: &Ctx, response: SyncResponse) {
     let handed = std::time::Instant::now();
     let response_at = crate::latency::take_sync_response().unwrap_or(handed);
     let crypto = crate::latency::take_crypto_sync();
+    let mut batches = Vec::with_capacity(response.rooms.joined.len());
     for (room_id, update) in response.rooms.joined {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
@@ -205,8 +207,9 @@ async fn handle(ctx: &Ctx, response: SyncResponse) {
             update.timeline.prev_batch,
         )
         .await;
-        ingest::record(ctx, &room, new).await;
+        batches.push(ingest::prepare(ctx, &room, new).await);
     }
+    ingest::record_all(ctx, batches).await;
 }
 
 /// One `/messages` page back from `token`. A failure that waiting can fix (the homeserver is

@@ -35,6 +35,9 @@ pub enum Leg {
     /// Of [`Leg::SdkSync`], the crypto machine's share (`receive_sync_changes`: to-device
     /// events, one-time key counts, device lists, the crypto store's transaction).
     SdkCrypto,
+    /// Of [`Leg::SyncToAgent`], the part after matrix-sdk hands the events over: the surface's
+    /// own (its journal's commit, the lane, the frame to the agent).
+    SurfaceSync,
     /// From the agent's message to the Matrix send.
     AgentToSend,
 }
@@ -46,15 +49,17 @@ impl Leg {
             Self::SyncToAgent => "sync_to_agent",
             Self::SdkSync => "sdk_sync",
             Self::SdkCrypto => "sdk_crypto",
+            Self::SurfaceSync => "surface_sync",
             Self::AgentToSend => "agent_to_send",
         }
     }
 
     /// Every leg, in table order.
-    pub const ALL: [Leg; 4] = [
+    pub const ALL: [Leg; 5] = [
         Leg::SyncToAgent,
         Leg::SdkSync,
         Leg::SdkCrypto,
+        Leg::SurfaceSync,
         Leg::AgentToSend,
     ];
     /// The legs that add up to the surface's time (the others are parts of them).

@@ -75,6 +75,8 @@ pub enum Clue {
         sdk_p99: Option<f64>,
         /// Of that, the 99th percentile of its crypto machine's share.
         crypto_p99: Option<f64>,
+        /// Of the sync leg, the 99th percentile of the surface's own part (after the SDK).
+        own_p99: Option<f64>,
     },
     /// Reply latency, ms.
     Reply {
@@ -192,6 +194,7 @@ pub fn hint(clue: &Clue) -> String {
             max,
             sdk_p99,
             crypto_p99,
+            own_p99,
         } => {
             if let Some(sdk) = sdk_p99.filter(|s| *s >= 0.5 * p99) {
                 let crypto = crypto_p99.map_or(String::new(), |c| {
@@ -200,9 +203,12 @@ pub fn hint(clue: &Clue) -> String {
                          to-device, the crypto store)"
                     )
                 });
+                let own = own_p99.map_or(String::new(), |o| {
+                    format!("; the surface's own part after it: {o:.1} ms (p99)")
+                });
                 format!(
                     "matrix-sdk dominates: {sdk:.1} of the {p99:.1} ms (p99) pass before it hands \
-                     the events over (decryption, its stores, its outgoing requests){crypto}"
+                     the events over (decryption, its stores, its outgoing requests){crypto}{own}"
                 )
             } else if p50 > p99 * 0.5 {
                 format!("every message is slow on this leg (p50 {p50:.1} ms)")
@@ -338,6 +344,9 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
                 .flatten(),
             crypto_p99: (leg == Leg::SyncToAgent)
                 .then(|| this(Fig::Surface(Leg::SdkCrypto, Stat::P99)))
+                .flatten(),
+            own_p99: (leg == Leg::SyncToAgent)
+                .then(|| this(Fig::Surface(Leg::SurfaceSync, Stat::P99)))
                 .flatten(),
         },
         Fig::Reply { .. } => Clue::Reply {
@@ -488,10 +497,12 @@ mod tests {
                     max: 9.0,
                     sdk_p99: Some(5.0),
                     crypto_p99: Some(2.5),
+                    own_p99: Some(3.5),
                 },
                 "matrix-sdk dominates: 5.0 of the 8.0 ms (p99) pass before it hands the events \
                  over (decryption, its stores, its outgoing requests); 2.5 ms (p99) of it in its \
-                 crypto machine",
+                 crypto machine's per-sync work (key counts, to-device, the crypto store); the \
+                 surface's own part after it: 3.5 ms (p99)",
             ),
             (
                 Clue::Leg {
@@ -500,6 +511,7 @@ mod tests {
                     max: 9.0,
                     sdk_p99: Some(1.0),
                     crypto_p99: None,
+                    own_p99: None,
                 },
                 "every message is slow",
             ),
@@ -510,6 +522,7 @@ mod tests {
                     max: 30.0,
                     sdk_p99: None,
                     crypto_p99: None,
+                    own_p99: None,
                 },
                 "a few outliers",
             ),
@@ -520,6 +533,7 @@ mod tests {
                     max: 30.0,
                     sdk_p99: None,
                     crypto_p99: None,
+                    own_p99: None,
                 },
                 "tail only",
             ),

@@ -85,6 +85,12 @@ impl<'a> Transfers<'a> {
     /// memory ran at 400 MiB/s here, into reused memory at 3 GiB/s. Without this, whichever of
     /// the two transfers came first paid for the other (measured with perf: Synapse's time went
     /// to copying into fresh page cache for one upload, not for the next).
+    ///
+    /// Then it writes every dirty page of the machine to the disk (`sync(2)`), so that nothing
+    /// written before (the source file, Synapse's copy of the user's upload) is still being
+    /// written back while the timed transfer uses the same disk: without it, the surface's
+    /// download of an upload just made shared the disk with Synapse's writeback of that upload,
+    /// and curl's download, minutes later, did not.
     async fn prime(&self) -> Result<()> {
         let path = self.scratch("prime.bin");
         let size = self.size * PRIME_FACTOR;
@@ -100,6 +106,7 @@ impl<'a> Transfers<'a> {
             drop(f);
             // Unlinked, its dirty pages are dropped without being written.
             std::fs::remove_file(&path)?;
+            rustix::fs::sync();
             Ok(())
         })
         .await

@@ -10,18 +10,22 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use matrix_sdk::ruma::events::room::MediaSource;
+use matrix_sdk::ruma::events::room::EncryptedFile;
 use notify::Watcher;
 use serde_json::json;
 
 use super::{Transfers, len, write_noise};
 use crate::bench::cpu::CpuWindow;
 use crate::bench::figures::{Fig, Room, RunFigures, Sample};
-use crate::bench::poll;
 use crate::bench::rss::PeakWindow;
-use crate::bench::setup::TURN;
 
 const MIME: &str = "application/octet-stream";
+
+/// The user's upload, made before the timed part.
+enum Upload {
+    Plain(String),
+    Encrypted(EncryptedFile),
+}
 
 impl Transfers<'_> {
     /// One inbound transfer in `room`.
@@ -37,21 +41,32 @@ impl Transfers<'_> {
             .workspace
             .join(protocol::room_dir(&s.user.user_id, room_id).as_str())
             .join("inbox");
+        // The upload is the user's part: done before the clocks, the page cache priming and the
+        // disk's flush start, so the surface's download starts as curl's does.
+        let upload = match room {
+            Room::Plain => Upload::Plain(s.user.upload_path(&src, MIME).await?),
+            Room::Encrypted => {
+                let bytes = tokio::fs::read(&src).await?;
+                Upload::Encrypted(s.alice.upload_encrypted(&bytes).await?)
+            }
+        };
         self.prime().await?;
         let mut watch = InboxWatch::start(&inbox)?;
         let window = PeakWindow::open(s.stack.surface.pid())?;
         let cpu = CpuWindow::open(s.stack.surface.pid())?;
-        let (id, mxc) = match room {
-            Room::Plain => {
-                let mxc = s.user.upload_path(&src, MIME).await?;
+        let (id, mxc) = match upload {
+            Upload::Plain(mxc) => {
                 let content = json!({"msgtype": "m.file", "body": name, "url": mxc,
                                      "info": {"mimetype": MIME, "size": self.size}});
-                (s.user.send(room_id, content).await?, Some(mxc))
+                (s.user.send(room_id, content).await?, mxc)
             }
-            Room::Encrypted => {
-                let bytes = tokio::fs::read(&src).await?;
-                let id = s.alice.send_file(room_id, &name, MIME, bytes, None).await?;
-                (id, None)
+            Upload::Encrypted(file) => {
+                let mxc = file.url.to_string();
+                let id = s
+                    .alice
+                    .send_encrypted_file(room_id, &name, MIME, self.size, file)
+                    .await?;
+                (id, mxc)
             }
         };
         let sent = Instant::now();
@@ -65,10 +80,6 @@ impl Transfers<'_> {
         let rss = window.growth_mib()?;
         std::fs::remove_file(&src)?;
 
-        let mxc = match mxc {
-            Some(m) => m,
-            None => self.encrypted_blob(room_id, &id).await?,
-        };
         let out = self.scratch(&format!("curl-{name}"));
         self.prime().await?;
         let plain = self.curl.download(&mxc, &out, false).await?;
@@ -96,27 +107,6 @@ impl Transfers<'_> {
                 Sample::new(rss, plain.peak_rss_kib as f64 / 1024.0),
             ),
         ]))
-    }
-
-    /// The `mxc://` of the encrypted blob alice sent as event `id`.
-    async fn encrypted_blob(&self, room_id: &str, id: &str) -> Result<String> {
-        let s = self.s;
-        poll(
-            TURN,
-            Duration::from_millis(50),
-            "alice's own file event",
-            || async {
-                let mine = s.alice.messages_from(room_id, &s.user.user_id).await.ok()?;
-                mine.into_iter()
-                    .find(|m| m.event_id == id)
-                    .and_then(|m| match m.source {
-                        Some(MediaSource::Encrypted(f)) => Some(f.url.to_string()),
-                        Some(MediaSource::Plain(u)) => Some(u.to_string()),
-                        None => None,
-                    })
-            },
-        )
-        .await
     }
 }
 
