@@ -12,7 +12,8 @@ use matrix_sdk::event_handler::Ctx as HandlerCtx;
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::UInt;
 use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
-use matrix_sdk::sync::SyncResponse;
+use matrix_sdk::sync::RoomUpdates;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tracing::{error, info, instrument, warn};
 
 use crate::context::Ctx;
@@ -112,6 +113,13 @@ pub async fn catch_up_all(ctx: &Ctx) {
 /// Runs the sync loop until shutdown: one `sync_once` after the other, waiting only after an
 /// error (matrix-sdk's own loop sleeps a second after every quick sync, which a user answering
 /// right after the bot's reply would feel as lag).
+///
+/// A sync's rooms are taken from matrix-sdk's room-update broadcast, not from what `sync_once`
+/// returns: the SDK broadcasts them once it has stored the response, and only then sends its own
+/// end-to-end encryption requests (one-time key claims and uploads, key queries, to-device
+/// messages), each a round trip to the homeserver, before `sync_once` returns. Taken from the
+/// broadcast, a message is journaled and on its way to the agent before those; the next sync
+/// still starts only after both.
 pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     // The first sync returns at once (no long-poll), so a restarted bot is ready without waiting
     // for traffic; later syncs long-poll.
@@ -128,14 +136,46 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     };
     let mut backoff = new_backoff();
     let mut ready = false;
+    // `None` once the broadcast is closed (the client holds its sending end as long as it
+    // lives, so never expected): then the rooms come from what `sync_once` returns.
+    let mut updates = Some(ctx.client.subscribe_to_all_room_updates());
     loop {
-        let result = tokio::select! {
-            _ = ctx.shutdown.cancelled() => return Ok(()),
-            r = ctx.client.sync_once(settings.clone()) => r,
+        let sync = ctx.client.sync_once(settings.clone());
+        tokio::pin!(sync);
+        let result = loop {
+            let broadcast = async {
+                match updates.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = ctx.shutdown.cancelled() => return Ok(()),
+                update = broadcast => take(&ctx, &mut updates, update).await,
+                r = &mut sync => break r,
+            }
+        };
+        // The broadcast can come in the very poll that finished the sync.
+        while let Some(rx) = updates.as_mut() {
+            let update = match rx.try_recv() {
+                Err(TryRecvError::Empty) => break,
+                Ok(rooms) => Ok(rooms),
+                Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+                Err(TryRecvError::Closed) => Err(RecvError::Closed),
+            };
+            take(&ctx, &mut updates, update).await;
+        }
+        let result = match result {
+            Ok(response) if updates.is_none() => {
+                handle(&ctx, response.rooms).await;
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
         };
         match result {
-            Ok(response) => {
-                handle(&ctx, response).await;
+            Ok(()) => {
                 ctx.health.set_synced();
                 if !ready {
                     ready = true;
@@ -162,6 +202,31 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     }
 }
 
+/// One item of the room-update broadcast: journals the rooms, or, when updates were missed
+/// (never expected: one sync at a time, each taken before the next starts), walks every room
+/// back to its last journaled event instead. A closed broadcast is dropped (`updates` becomes
+/// `None`).
+async fn take(
+    ctx: &Ctx,
+    updates: &mut Option<tokio::sync::broadcast::Receiver<RoomUpdates>>,
+    update: Result<RoomUpdates, RecvError>,
+) {
+    match update {
+        Ok(rooms) => handle(ctx, rooms).await,
+        Err(RecvError::Lagged(missed)) => {
+            warn!(
+                missed,
+                "room updates were missed; catching up every room from the journal"
+            );
+            catch_up_all(ctx).await;
+        }
+        Err(RecvError::Closed) => {
+            error!("matrix-sdk's room-update broadcast closed; taking rooms from sync_once");
+            *updates = None;
+        }
+    }
+}
+
 /// What the bot syncs: everything but typing notices, read receipts and presence. It needs
 /// none of them, and each would end a long-poll early: a user's next message then waits for
 /// the sync that a typing notice (often the bot's own) woke to be processed first.
@@ -175,12 +240,12 @@ fn sync_filter() -> matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter
 
 /// Journals what one sync brought: every room's new events are decided, then journaled in one
 /// transaction (one fsync per sync, not per room that spoke), then acted on.
-async fn handle(ctx: &Ctx, response: SyncResponse) {
+async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
     let handed = std::time::Instant::now();
     let response_at = crate::latency::take_sync_response().unwrap_or(handed);
     let crypto = crate::latency::take_crypto_sync();
-    let mut batches = Vec::with_capacity(response.rooms.joined.len());
-    for (room_id, update) in response.rooms.joined {
+    let mut batches = Vec::with_capacity(rooms.joined.len());
+    for (room_id, update) in rooms.joined {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
         };
