@@ -1,5 +1,6 @@
-//! CPU time of the surface and of Synapse over one transfer, as cores kept busy: next to the
-//! machine's core count it tells whether the processor, shared by both, set the pace.
+//! CPU time of the surface, of Synapse and of the whole machine over one transfer, as cores kept
+//! busy: next to the machine's core count it tells whether the processor, shared by both and by
+//! the kernel (which writes the file out to the disk in its own threads), set the pace.
 
 use std::time::Instant;
 
@@ -15,6 +16,8 @@ pub struct CpuWindow {
     surface: u32,
     synapse: Option<u32>,
     start: (f64, Option<f64>),
+    /// The machine's busy CPU seconds at the start, all cores added.
+    machine: Option<f64>,
     at: Instant,
 }
 
@@ -25,6 +28,8 @@ pub struct Cores {
     pub surface: f64,
     /// Synapse, when its pid is known.
     pub synapse: Option<f64>,
+    /// The whole machine (every process and the kernel), when `/proc/stat` can be read.
+    pub machine: Option<f64>,
 }
 
 impl CpuWindow {
@@ -39,6 +44,7 @@ impl CpuWindow {
                 cpu_secs(surface).context("read the surface's CPU time")?,
                 synapse.and_then(cpu_secs),
             ),
+            machine: machine_busy_secs(),
             at: Instant::now(),
         })
     }
@@ -51,9 +57,14 @@ impl CpuWindow {
             (Some(now), Some(then)) => Some((now - then) / wall),
             _ => None,
         };
+        let machine = match (machine_busy_secs(), self.machine) {
+            (Some(now), Some(then)) => Some((now - then) / wall),
+            _ => None,
+        };
         Ok(Cores {
             surface: (surface - self.start.0) / wall,
             synapse,
+            machine,
         })
     }
 }
@@ -64,6 +75,16 @@ impl Cores {
         super::figures::Sample {
             this: Some(self.surface),
             other: self.synapse,
+        }
+    }
+
+    /// As a figure: the whole machine next to its core count.
+    pub fn machine_sample(self) -> super::figures::Sample {
+        super::figures::Sample {
+            this: self.machine,
+            other: std::thread::available_parallelism()
+                .ok()
+                .map(|n| n.get() as f64),
         }
     }
 }
@@ -78,6 +99,28 @@ fn synapse_pid() -> Option<u32> {
 /// User plus system CPU seconds of `pid` (all its threads).
 fn cpu_secs(pid: u32) -> Option<f64> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Busy CPU seconds of the whole machine since boot, all cores added.
+fn machine_busy_secs() -> Option<f64> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The busy time of `/proc/stat`'s first line (`cpu  user nice system idle iowait irq softirq
+/// steal …`, all cores added): everything but `idle` and `iowait`, in seconds. `guest` time is
+/// already inside `user`, so the fields after `steal` are left out.
+fn parse_proc_stat(stat: &str) -> Option<f64> {
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = ticks[..] else {
+        return None;
+    };
+    Some((user + nice + system + irq + softirq + steal) as f64 / TICKS_PER_S)
 }
 
 /// `utime + stime` of a `/proc/<pid>/stat` line, in seconds. The command name (field 2) may
@@ -103,12 +146,23 @@ mod tests {
     }
 
     #[test]
+    fn the_machines_busy_time_leaves_idle_and_iowait_out() {
+        let stat = "cpu  100 20 30 5000 400 5 6 7 50 0\ncpu0 50 10 15 2500 200 2 3 3 25 0\n";
+        // user + nice + system + irq + softirq + steal, in ticks of 1/100 s.
+        assert_eq!(parse_proc_stat(stat), Some(1.68));
+        assert_eq!(parse_proc_stat("cpu  1 2 3\n"), None);
+        assert_eq!(parse_proc_stat("intr 1 2 3 4 5 6 7 8\n"), None);
+        assert!(machine_busy_secs().is_some_and(|s| s > 0.0));
+    }
+
+    #[test]
     fn this_process_burning_cpu_is_counted() {
         let me = std::process::id();
         let w = CpuWindow {
             surface: me,
             synapse: None,
             start: (cpu_secs(me).unwrap(), None),
+            machine: machine_busy_secs(),
             at: Instant::now(),
         };
         let until = Instant::now() + std::time::Duration::from_millis(300);
@@ -119,5 +173,6 @@ mod tests {
         let c = w.cores().unwrap();
         assert!(c.surface > 0.3, "{c:?}");
         assert_eq!(c.synapse, None);
+        assert!(c.machine.is_some_and(|m| m >= 0.8 * c.surface), "{c:?}");
     }
 }

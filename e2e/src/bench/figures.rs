@@ -112,6 +112,8 @@ pub enum Fig {
     InboundNotice(Room),
     /// Cores the surface kept busy during the inbound transfer (comparator: Synapse's).
     InboundCpu(Room),
+    /// Cores the whole machine kept busy during the inbound transfer (comparator: its cores).
+    InboundMachine(Room),
     /// The same, next to curl download + fsync.
     InboundFsync(Room),
     /// The surface's peak RSS growth during the inbound transfer, MiB (comparator: curl's peak).
@@ -123,6 +125,8 @@ pub enum Fig {
     /// Cores the surface kept busy from the `send` message to the file event (comparator:
     /// Synapse's).
     OutboundCpu(Room),
+    /// Cores the whole machine kept busy over the same time (comparator: its cores).
+    OutboundMachine(Room),
     /// MiB uploaded when the same file is sent again (comparator: the file's size).
     OutboundAgainBytes(Room),
     /// Seconds the second send of the same file took (comparator: the first send).
@@ -182,6 +186,7 @@ impl Fig {
                 Fig::InboundFsync(room),
                 Fig::InboundNotice(room),
                 Fig::InboundCpu(room),
+                Fig::InboundMachine(room),
                 Fig::InboundRss(room),
             ]);
         }
@@ -190,6 +195,7 @@ impl Fig {
                 Fig::Outbound(room),
                 Fig::OutboundTotal(room),
                 Fig::OutboundCpu(room),
+                Fig::OutboundMachine(room),
                 Fig::OutboundAgainBytes(room),
                 Fig::OutboundAgainTime(room),
                 Fig::OutboundRss(room),
@@ -271,6 +277,13 @@ impl Fig {
                 "Synapse",
                 None,
             ),
+            Fig::InboundMachine(r) => s(
+                format!("inbound_{}_machine_busy", r.as_str()),
+                format!("inbound {}: machine busy", r.as_str()),
+                "cores",
+                "cores",
+                None,
+            ),
             Fig::InboundRss(r) => s(
                 format!("inbound_{}_rss_growth", r.as_str()),
                 format!("inbound {} RSS growth", r.as_str()),
@@ -297,6 +310,13 @@ impl Fig {
                 format!("outbound {}: cores busy", r.as_str()),
                 "cores",
                 "Synapse",
+                None,
+            ),
+            Fig::OutboundMachine(r) => s(
+                format!("outbound_{}_machine_busy", r.as_str()),
+                format!("outbound {}: machine busy", r.as_str()),
+                "cores",
+                "cores",
                 None,
             ),
             Fig::OutboundAgainBytes(r) => s(

@@ -17,18 +17,30 @@ pub struct Busy {
     pub synapse: f64,
     /// The machine's cores.
     pub of: f64,
+    /// The whole machine (every process and the kernel), when measured.
+    pub machine: Option<f64>,
 }
 
 impl Busy {
-    /// The hint when the two kept (nearly) every core busy.
+    /// The hint when the machine (or, unmeasured, the two) kept (nearly) every core busy.
     fn saturated(&self) -> Option<String> {
-        (self.surface + self.synapse >= 0.85 * self.of).then(|| {
-            format!(
+        let two = self.surface + self.synapse;
+        match self.machine {
+            Some(m) if m >= 0.85 * self.of => Some(format!(
+                "the processor is saturated: {m:.2} of {:.0} cores busy (the surface {:.2}, \
+                 Synapse {:.2}, {:.2} the kernel and the rest: writing the file out, the network)",
+                self.of,
+                self.surface,
+                self.synapse,
+                (m - two).max(0.0)
+            )),
+            None if two >= 0.85 * self.of => Some(format!(
                 "the processor is saturated: the surface kept {:.2} cores busy and Synapse {:.2}, \
                  of {:.0}",
                 self.surface, self.synapse, self.of
-            )
-        })
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -156,6 +168,13 @@ pub fn hint(clue: &Clue) -> String {
                 (Some(f), _) if this < f => format!(
                     "{:.0}% of the time is beyond curl+fsync: the surface's download path",
                     100.0 * (t - 1.0 / f) / t
+                ),
+                // Faster than curl+fsync, slower than curl: the surface has the file on the disk
+                // when it is done, curl without fsync only in memory.
+                (Some(f), _) => format!(
+                    "durability: {:.2}× curl+fsync, the file is on the disk when the download \
+                     ends (written out during it), curl's without fsync still in memory",
+                    this / f
                 ),
                 _ => format!(
                     "{:.0}% slower than curl, not explained by fsync",
@@ -312,11 +331,12 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
     };
     let reply_p50 = this(b2b_p50);
     let of = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
-    let busy = |f: Fig| {
+    let busy = |f: Fig, machine: Fig| {
         Some(Busy {
             surface: this(f)?,
             synapse: other(f)?,
             of,
+            machine: this(machine),
         })
     };
     Some(match fig {
@@ -326,14 +346,14 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             curl: other(fig)?,
             curl_fsync: other(Fig::InboundFsync(room)),
             sha,
-            busy: busy(Fig::InboundCpu(room)),
+            busy: busy(Fig::InboundCpu(room), Fig::InboundMachine(room)),
         },
         Fig::Outbound(room) => Clue::Outbound {
             encrypted: room == Room::Encrypted,
             this_s: size_mib / this(fig)?,
             curl_s: size_mib / other(fig)?,
             sha_s: sha.map(|s| size_mib / s),
-            busy: busy(Fig::OutboundCpu(room)),
+            busy: busy(Fig::OutboundCpu(room), Fig::OutboundMachine(room)),
         },
         Fig::Surface(leg, _) => Clue::Leg {
             p50: this(Fig::Surface(leg, Stat::P50))?,
@@ -414,6 +434,11 @@ mod tests {
 
     /// An encrypted upload of 0.86 s (hashing 0.17 s, curl 0.68 s) with the given cores busy.
     fn encrypted_outbound(surface: f64, synapse: f64) -> Clue {
+        encrypted_outbound_on(surface, synapse, None)
+    }
+
+    /// The same, with the whole machine's busy cores measured too.
+    fn encrypted_outbound_on(surface: f64, synapse: f64, machine: Option<f64>) -> Clue {
         Clue::Outbound {
             encrypted: true,
             this_s: 0.86,
@@ -423,6 +448,7 @@ mod tests {
                 surface,
                 synapse,
                 of: 2.0,
+                machine,
             }),
         }
     }
@@ -460,6 +486,10 @@ mod tests {
                 "50% of the time is beyond curl+fsync",
             ),
             (inbound(800.0, None, None), "25% slower than curl"),
+            (
+                inbound(800.0, Some(500.0), None),
+                "durability: 1.60× curl+fsync, the file is on the disk when the download ends",
+            ),
             // Plain files are not hashed on the way in: the hash rate says nothing then.
             (inbound(500.0, None, Some(520.0)), "100% slower than curl"),
             (
@@ -484,6 +514,16 @@ mod tests {
             (
                 encrypted_outbound(1.1, 0.7),
                 "the processor is saturated: the surface kept 1.10 cores busy and Synapse 0.70, of 2",
+            ),
+            // Measured, the whole machine decides: the kernel's share shows.
+            (
+                encrypted_outbound_on(0.5, 0.9, Some(1.9)),
+                "the processor is saturated: 1.90 of 2 cores busy (the surface 0.50, Synapse \
+                 0.90, 0.50 the kernel and the rest",
+            ),
+            (
+                encrypted_outbound_on(1.1, 0.7, Some(1.5)),
+                "0.18 s (1.26×) beyond curl's upload",
             ),
             (
                 outbound(9.0, Some(1.0)),

@@ -102,6 +102,7 @@ impl Transfers<'_> {
             ),
             (Fig::InboundNotice(room), Sample::alone(notice_ms)),
             (Fig::InboundCpu(room), cores.sample()),
+            (Fig::InboundMachine(room), cores.machine_sample()),
             (
                 Fig::InboundRss(room),
                 Sample::new(rss, plain.peak_rss_kib as f64 / 1024.0),

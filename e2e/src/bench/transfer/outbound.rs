@@ -57,6 +57,7 @@ impl Transfers<'_> {
             ),
             (Fig::OutboundTotal(room), Sample::alone(first)),
             (Fig::OutboundCpu(room), cores.sample()),
+            (Fig::OutboundMachine(room), cores.machine_sample()),
             (
                 Fig::OutboundAgainBytes(room),
                 Sample::new(uploaded as f64 / MIB as f64, self.mib()),
