@@ -1,7 +1,7 @@
 //! Where the surface's own time goes, for the benchmark (`scripts/bench.sh`): from the `/sync`
 //! response in matrix-sdk's hands to the turn's frame at the agent (`sync_to_agent`), the part of
-//! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: decryption, its stores,
-//! its outgoing requests) and the rest, the surface's own (`surface_sync`), and from an agent
+//! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: parsing, decryption, its
+//! stores) and the rest, the surface's own (`surface_sync`), and from an agent
 //! message to the post it causes (`agent_to_send`).
 //! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
 //! recorded unless that target is enabled.

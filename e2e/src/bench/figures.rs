@@ -30,7 +30,7 @@ pub enum Leg {
     /// From the `/sync` response in matrix-sdk's hands to the turn sent to the agent.
     SyncToAgent,
     /// Of [`Leg::SyncToAgent`], the part inside matrix-sdk before the surface's code sees the
-    /// events (decryption, the SDK's stores, its outgoing requests).
+    /// events (parsing, decryption, the SDK's stores).
     SdkSync,
     /// Of [`Leg::SdkSync`], the crypto machine's share (`receive_sync_changes`: to-device
     /// events, one-time key counts, device lists, the crypto store's transaction).

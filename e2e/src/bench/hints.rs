@@ -227,7 +227,7 @@ pub fn hint(clue: &Clue) -> String {
                 });
                 format!(
                     "matrix-sdk dominates: {sdk:.1} of the {p99:.1} ms (p99) pass before it hands \
-                     the events over (decryption, its stores, its outgoing requests){crypto}{own}"
+                     the events over (parsing, decryption, its stores){crypto}{own}"
                 )
             } else if p50 > p99 * 0.5 {
                 format!("every message is slow on this leg (p50 {p50:.1} ms)")
@@ -540,7 +540,7 @@ mod tests {
                     own_p99: Some(3.5),
                 },
                 "matrix-sdk dominates: 5.0 of the 8.0 ms (p99) pass before it hands the events \
-                 over (decryption, its stores, its outgoing requests); 2.5 ms (p99) of it in its \
+                 over (parsing, decryption, its stores); 2.5 ms (p99) of it in its \
                  crypto machine's per-sync work (key counts, to-device, the crypto store); the \
                  surface's own part after it: 3.5 ms (p99)",
             ),
