@@ -14,6 +14,7 @@ use matrix_sdk::ruma::UInt;
 use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
 use matrix_sdk::sync::RoomUpdates;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{error, info, instrument, warn};
 
 use crate::context::Ctx;
@@ -119,7 +120,8 @@ pub async fn catch_up_all(ctx: &Ctx) {
 /// end-to-end encryption requests (one-time key claims and uploads, key queries, to-device
 /// messages), each a round trip to the homeserver, before `sync_once` returns. Taken from the
 /// broadcast, a message is journaled and on its way to the agent before those; the next sync
-/// still starts only after both.
+/// still starts only after both. `sync_once` runs as its own task meanwhile: suspended, it could
+/// hold one of the SDK's locks (the key-claim lock, say) that the surface's own sends wait for.
 pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     // The first sync returns at once (no long-poll), so a restarted bot is ready without waiting
     // for traffic; later syncs long-poll.
@@ -140,8 +142,10 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     // lives, so never expected): then the rooms come from what `sync_once` returns.
     let mut updates = Some(ctx.client.subscribe_to_all_room_updates());
     loop {
-        let sync = ctx.client.sync_once(settings.clone());
-        tokio::pin!(sync);
+        let client = ctx.client.clone();
+        let request = settings.clone();
+        let mut sync =
+            AbortOnDropHandle::new(tokio::spawn(async move { client.sync_once(request).await }));
         let result = loop {
             let broadcast = async {
                 match updates.as_mut() {
@@ -167,12 +171,14 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
             take(&ctx, &mut updates, update).await;
         }
         let result = match result {
-            Ok(response) if updates.is_none() => {
+            Ok(Ok(response)) if updates.is_none() => {
                 handle(&ctx, response.rooms).await;
                 Ok(())
             }
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            // A panic inside matrix-sdk: a failed sync, tried again after the backoff.
+            Err(e) => Err(format!("the sync task ended: {e}")),
         };
         match result {
             Ok(()) => {
