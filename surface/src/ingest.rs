@@ -524,6 +524,11 @@ pub async fn record_all(ctx: &Ctx, batches: Vec<Prepared>) {
             return;
         }
     };
+    crate::latency::journaled(
+        batches
+            .iter()
+            .flat_map(|b| b.events.iter().map(|e| e.event_id.as_str())),
+    );
     let mut pokes = Pokes::new();
     for (batch, inserted) in batches.into_iter().zip(inserted) {
         act_on_new(ctx, batch, inserted, &mut pokes).await;

@@ -1,8 +1,9 @@
 //! Where the surface's own time goes, for the benchmark (`scripts/bench.sh`): from the `/sync`
 //! response in matrix-sdk's hands to the turn's frame at the agent (`sync_to_agent`), the part of
 //! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: parsing, decryption, its
-//! stores) and the rest, the surface's own (`surface_sync`), and from an agent
-//! message to the post it causes (`agent_to_send`).
+//! stores) and the rest, the surface's own (`surface_sync`; of it, `surface_journal` until the
+//! journal's commit and `surface_lane` from there to the frame), and from an agent message to
+//! the post it causes (`agent_to_send`).
 //! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
 //! recorded unless that target is enabled.
 //!
@@ -40,6 +41,8 @@ struct Arrival {
     handed: Instant,
     /// Time spent in the crypto machine's share of that sync, if it was clocked.
     crypto: Option<Duration>,
+    /// When the surface's journal had committed the event.
+    journaled: Option<Instant>,
 }
 
 static ARRIVALS: Mutex<Option<HashMap<String, Arrival>>> = Mutex::new(None);
@@ -102,8 +105,24 @@ pub fn arrived<'a>(
                 response,
                 handed,
                 crypto,
+                journaled: None,
             },
         );
+    }
+}
+
+/// Events `event_ids` are committed to the journal (the end of `surface_journal`).
+pub fn journaled<'a>(event_ids: impl IntoIterator<Item = &'a str>) {
+    if !enabled() {
+        return;
+    }
+    let now = Instant::now();
+    let mut map = ARRIVALS.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(map) = map.as_mut() else { return };
+    for id in event_ids {
+        if let Some(a) = map.get_mut(id) {
+            a.journaled.get_or_insert(now);
+        }
     }
 }
 
@@ -126,6 +145,12 @@ pub fn sent_to_agent(event_id: &str) {
         let now = Instant::now();
         let own = now.saturating_duration_since(a.handed);
         tracing::debug!(target: TARGET, leg = "surface_sync", us = own.as_micros() as u64);
+        if let Some(journaled) = a.journaled {
+            let journal = journaled.saturating_duration_since(a.handed);
+            tracing::debug!(target: TARGET, leg = "surface_journal", us = journal.as_micros() as u64);
+            let lane = now.saturating_duration_since(journaled);
+            tracing::debug!(target: TARGET, leg = "surface_lane", us = lane.as_micros() as u64);
+        }
         let all = now.saturating_duration_since(a.response);
         tracing::debug!(target: TARGET, leg = "sync_to_agent", us = all.as_micros() as u64);
     }
@@ -338,18 +363,27 @@ mod tests {
             let id = "$split:example.org";
             arrived([id], response, handed, Some(Duration::from_micros(700)));
             std::thread::sleep(Duration::from_millis(2));
+            journaled([id, "$never-arrived:example.org"]);
+            std::thread::sleep(Duration::from_millis(1));
             sent_to_agent(id);
             sent_to_agent(id);
         });
         let got: HashMap<String, u64> = legs.0.lock().unwrap().iter().cloned().collect();
         assert_eq!(
             got.len(),
-            4,
+            6,
             "each leg once, the second send ignored: {got:?}"
         );
         assert_eq!(got["sdk_crypto"], 700);
         assert!(got["sdk_sync"] >= 3000, "{got:?}");
-        assert!(got["surface_sync"] >= 2000, "{got:?}");
+        assert!(got["surface_sync"] >= 3000, "{got:?}");
+        assert!(got["surface_journal"] >= 2000, "{got:?}");
+        assert!(got["surface_lane"] >= 1000, "{got:?}");
+        let own = got["surface_journal"] + got["surface_lane"];
+        assert!(
+            (own..=own + 1).contains(&got["surface_sync"]),
+            "the surface's two parts make its whole: {got:?}"
+        );
         // Each part is truncated to whole microseconds on its own.
         let parts = got["sdk_sync"] + got["surface_sync"];
         assert!(

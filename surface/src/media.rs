@@ -28,6 +28,7 @@ mod message;
 mod pipe;
 mod poster;
 mod small;
+mod spool;
 mod upload;
 mod writeback;
 

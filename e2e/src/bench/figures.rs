@@ -38,6 +38,12 @@ pub enum Leg {
     /// Of [`Leg::SyncToAgent`], the part after matrix-sdk hands the events over: the surface's
     /// own (its journal's commit, the lane, the frame to the agent).
     SurfaceSync,
+    /// Of [`Leg::SurfaceSync`], until the journal has committed the events (reading the room's
+    /// facts, classifying, the transaction and its fsync).
+    SurfaceJournal,
+    /// Of [`Leg::SurfaceSync`], from the journal's commit to the frame at the agent (waking the
+    /// chat's lane, the turn, the agent link's socket).
+    SurfaceLane,
     /// From the agent's message to the Matrix send.
     AgentToSend,
 }
@@ -50,16 +56,20 @@ impl Leg {
             Self::SdkSync => "sdk_sync",
             Self::SdkCrypto => "sdk_crypto",
             Self::SurfaceSync => "surface_sync",
+            Self::SurfaceJournal => "surface_journal",
+            Self::SurfaceLane => "surface_lane",
             Self::AgentToSend => "agent_to_send",
         }
     }
 
     /// Every leg, in table order.
-    pub const ALL: [Leg; 5] = [
+    pub const ALL: [Leg; 7] = [
         Leg::SyncToAgent,
         Leg::SdkSync,
         Leg::SdkCrypto,
         Leg::SurfaceSync,
+        Leg::SurfaceJournal,
+        Leg::SurfaceLane,
         Leg::AgentToSend,
     ];
     /// The legs that add up to the surface's time (the others are parts of them).

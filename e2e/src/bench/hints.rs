@@ -89,6 +89,9 @@ pub enum Clue {
         crypto_p99: Option<f64>,
         /// Of the sync leg, the 99th percentile of the surface's own part (after the SDK).
         own_p99: Option<f64>,
+        /// Of the surface's own part, the 99th percentiles until the journal's commit and from
+        /// there to the frame at the agent.
+        own_parts: Option<(f64, f64)>,
     },
     /// Reply latency, ms.
     Reply {
@@ -214,7 +217,13 @@ pub fn hint(clue: &Clue) -> String {
             sdk_p99,
             crypto_p99,
             own_p99,
+            own_parts,
         } => {
+            let parts = own_parts.map_or(String::new(), |(journal, lane)| {
+                format!(
+                    ": {journal:.1} until its journal's commit, {lane:.1} from there to the agent"
+                )
+            });
             if let Some(sdk) = sdk_p99.filter(|s| *s >= 0.5 * p99) {
                 let crypto = crypto_p99.map_or(String::new(), |c| {
                     format!(
@@ -223,12 +232,19 @@ pub fn hint(clue: &Clue) -> String {
                     )
                 });
                 let own = own_p99.map_or(String::new(), |o| {
-                    format!("; the surface's own part after it: {o:.1} ms (p99)")
+                    format!("; the surface's own part after it: {o:.1} ms (p99){parts}")
                 });
                 format!(
                     "matrix-sdk dominates: {sdk:.1} of the {p99:.1} ms (p99) pass before it hands \
                      the events over (parsing, decryption, its stores){crypto}{own}"
                 )
+            } else if let (Some(own), Some((journal, lane))) = (own_p99, own_parts) {
+                let what = if journal >= lane {
+                    "its journal (reading the room, the commit's fsync)"
+                } else {
+                    "the way from the journal to the agent (the lane, the socket)"
+                };
+                format!("the surface's own part dominates, {own:.1} ms (p99){parts}: {what}")
             } else if p50 > p99 * 0.5 {
                 format!("every message is slow on this leg (p50 {p50:.1} ms)")
             } else if near(p99, max, 0.01) {
@@ -367,6 +383,14 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
                 .flatten(),
             own_p99: (leg == Leg::SyncToAgent)
                 .then(|| this(Fig::Surface(Leg::SurfaceSync, Stat::P99)))
+                .flatten(),
+            own_parts: (leg == Leg::SyncToAgent)
+                .then(|| {
+                    Some((
+                        this(Fig::Surface(Leg::SurfaceJournal, Stat::P99))?,
+                        this(Fig::Surface(Leg::SurfaceLane, Stat::P99))?,
+                    ))
+                })
                 .flatten(),
         },
         Fig::Reply { .. } => Clue::Reply {
@@ -538,11 +562,26 @@ mod tests {
                     sdk_p99: Some(5.0),
                     crypto_p99: Some(2.5),
                     own_p99: Some(3.5),
+                    own_parts: Some((1.2, 2.4)),
                 },
                 "matrix-sdk dominates: 5.0 of the 8.0 ms (p99) pass before it hands the events \
                  over (parsing, decryption, its stores); 2.5 ms (p99) of it in its \
                  crypto machine's per-sync work (key counts, to-device, the crypto store); the \
-                 surface's own part after it: 3.5 ms (p99)",
+                 surface's own part after it: 3.5 ms (p99): 1.2 until its journal's commit, 2.4 \
+                 from there to the agent",
+            ),
+            (
+                Clue::Leg {
+                    p50: 3.0,
+                    p99: 8.0,
+                    max: 9.0,
+                    sdk_p99: Some(2.0),
+                    crypto_p99: None,
+                    own_p99: Some(6.0),
+                    own_parts: Some((5.0, 1.5)),
+                },
+                "the surface's own part dominates, 6.0 ms (p99): 5.0 until its journal's commit, \
+                 1.5 from there to the agent: its journal (reading the room, the commit's fsync)",
             ),
             (
                 Clue::Leg {
@@ -552,6 +591,7 @@ mod tests {
                     sdk_p99: Some(1.0),
                     crypto_p99: None,
                     own_p99: None,
+                    own_parts: None,
                 },
                 "every message is slow",
             ),
@@ -563,6 +603,7 @@ mod tests {
                     sdk_p99: None,
                     crypto_p99: None,
                     own_p99: None,
+                    own_parts: None,
                 },
                 "a few outliers",
             ),
@@ -574,6 +615,7 @@ mod tests {
                     sdk_p99: None,
                     crypto_p99: None,
                     own_p99: None,
+                    own_parts: None,
                 },
                 "tail only",
             ),

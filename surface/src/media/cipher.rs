@@ -1,8 +1,8 @@
 //! Matrix attachment encryption (version 2: AES-256-CTR, and the SHA-256 of the ciphertext in
 //! the event) with its two halves apart. matrix-sdk-crypto's `AttachmentEncryptor` and
 //! `AttachmentDecryptor` run the keystream and the hash one after the other on one thread; here
-//! they run apart. A download checks the hash on a thread beside the decryption
-//! ([`hash_beside`]): the file may only be committed once it matches. An upload needs the hash
+//! they run apart. A download checks the hash on a thread before the decryption's (`spool`):
+//! the file may only be committed once it matches. An upload needs the hash
 //! only for the event, after the bytes went out, so a second, low-priority read of the file
 //! computes it ([`hash_again`]) and the upload never waits for it. The format is the SDK's: a
 //! fresh 256-bit key, an IV whose first 8 bytes are random and whose last 8 (the counter) start
@@ -10,7 +10,6 @@
 
 use aes::Aes256;
 use aes::cipher::{KeyIvInit, StreamCipher};
-use bytes::Bytes;
 use matrix_sdk::ruma::events::room::{
     EncryptedFile, EncryptedFileHash, EncryptedFileHashAlgorithm, EncryptedFileHashes,
     EncryptedFileInfo, V2EncryptedFileInfo,
@@ -19,13 +18,8 @@ use matrix_sdk::ruma::serde::Base64;
 use matrix_sdk_crypto::MediaEncryptionInfo;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 type Aes256Ctr = ctr::Ctr128BE<Aes256>;
-
-/// Chunks queued for the hashing thread, at most.
-const HASH_DEPTH: usize = 8;
 
 /// The AES-256-CTR keystream of one attachment: applying it encrypts plaintext and decrypts
 /// ciphertext, in order, chunk after chunk.
@@ -116,20 +110,6 @@ impl Fresh {
             hashes,
         }
     }
-}
-
-/// A thread hashing the chunks sent to it (SHA-256), beside whatever else handles them; the
-/// handle gives the hash once the sender is dropped.
-pub fn hash_beside() -> (mpsc::Sender<Bytes>, JoinHandle<[u8; 32]>) {
-    let (tx, mut rx) = mpsc::channel::<Bytes>(HASH_DEPTH);
-    let handle = tokio::task::spawn_blocking(move || {
-        let mut sha = Sha256::new();
-        while let Some(chunk) = rx.blocking_recv() {
-            sha.update(&chunk);
-        }
-        sha.finalize().into()
-    });
-    (tx, handle)
 }
 
 /// What [`hash_again`] found: the SHA-256 of the ciphertext, and a checksum of the plaintext it
@@ -254,26 +234,25 @@ mod tests {
         )
     }
 
-    /// Ours, in uneven chunks, with the hash computed on its own thread.
-    async fn encrypt_ours(plain: &[u8]) -> (Vec<u8>, EncryptedFile) {
+    /// Ours, in uneven chunks.
+    fn encrypt_ours(plain: &[u8]) -> (Vec<u8>, EncryptedFile) {
         let (fresh, mut stream) = Fresh::new();
-        let (tx, hashed) = hash_beside();
+        let mut sha = Sha256::new();
         let mut out = Vec::new();
         for chunk in plain.chunks(65_537) {
             let mut c = chunk.to_vec();
             stream.apply(&mut c);
+            sha.update(&c);
             out.extend_from_slice(&c);
-            tx.send(Bytes::from(c)).await.unwrap();
         }
-        drop(tx);
-        let info = fresh.finish(hashed.await.unwrap());
+        let info = fresh.finish(sha.finalize().into());
         (out, file(info))
     }
 
     #[tokio::test]
     async fn what_we_encrypt_the_sdk_decrypts() {
         let plain = data();
-        let (cipher, f) = encrypt_ours(&plain).await;
+        let (cipher, f) = encrypt_ours(&plain);
         assert_ne!(cipher, plain);
         assert_eq!(sdk_decrypts(cipher, f), plain);
     }

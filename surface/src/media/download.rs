@@ -1,6 +1,5 @@
 //! Authenticated, streaming download of an attachment into a room's inbox.
 
-use std::io::{self, Write};
 use std::time::SystemTime;
 
 use matrix_sdk::Client;
@@ -8,11 +7,11 @@ use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
 use matrix_sdk::ruma::{EventId, OwnedEventId, OwnedRoomId, OwnedUserId};
 use protocol::{AttachmentInfo, WorkspacePath};
 
-use super::cipher::{self, Keystream};
-use super::writeback::{self, Writeback};
+use super::cipher;
+use super::spool::Spool;
 use super::{
-    HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, pipe, quoted_name,
-    send, transfer_timeout, with_retries,
+    HEADERS_TIMEOUT, HttpError, MediaApi, RetryClass, human_size, next_chunk, quoted_name, send,
+    transfer_timeout, with_retries,
 };
 use crate::filename::sanitize_filename;
 use crate::mime::{self, HEAD_BYTES};
@@ -237,15 +236,15 @@ async fn attempt(
         path: temp_label(req),
         source: e,
     };
-    // Decryption and writing run on a blocking thread (`sink`), and an encrypted file's
-    // ciphertext is hashed on another, while this task reads the network: the work spreads
-    // over the cores, memory bounded by the pipes' depth. A plain file is not hashed: nothing
-    // needs its hash, and on two cores shared with the homeserver every CPU second counts.
+    // The bytes go through a round of buffers to blocking threads (`spool`): an encrypted
+    // file's ciphertext is hashed on one, decrypted and written on the next, while this task
+    // reads the network; the work spreads over the cores, memory bounded by the round. A plain
+    // file is not hashed: nothing needs its hash, and on two cores shared with the homeserver
+    // every CPU second counts.
     let (keystream, expected) = match encrypted.map(cipher::for_decryption).transpose() {
         Ok(k) => k.unzip(),
         Err(e) => return Err(DownloadFailure::Decryption(e.to_string())),
     };
-    let hasher = expected.map(|_| cipher::hash_beside());
     let out = temp
         .file()
         .try_clone()
@@ -253,9 +252,8 @@ async fn attempt(
         .map_err(disk)?
         .into_std()
         .await;
-    let (tx, input) = pipe::channel();
     let head_cap = HEAD_BYTES.min(usize::try_from(limit).unwrap_or(HEAD_BYTES));
-    let sink = tokio::task::spawn_blocking(move || sink(input, keystream, out, head_cap));
+    let mut spool = Spool::start(out, keystream, expected.is_some(), head_cap);
     let mut size: u64 = 0;
     while let Some(chunk) = next_chunk(&mut resp).await? {
         size += chunk.len() as u64;
@@ -263,22 +261,12 @@ async fn attempt(
             // `temp` is dropped on return: the partial file goes with it.
             return Err(DownloadFailure::TooLarge { limit, size: None });
         }
-        if let Some((hash_tx, _)) = &hasher {
-            // The hashing thread only stops when its sender is dropped.
-            let _ = hash_tx.send(chunk.clone()).await;
-        }
-        if tx.send(chunk).await.is_err() {
-            break; // The sink failed; its error is below.
+        if spool.push(&chunk).await.is_err() {
+            break; // A stage failed; its error is below.
         }
     }
-    drop(tx);
-    let sunk = sink
-        .await
-        .map_err(|e| disk(io::Error::other(e)))?
-        .map_err(disk)?;
-    if let (Some((hash_tx, hashed)), Some(expected)) = (hasher, expected) {
-        drop(hash_tx);
-        let got = hashed.await.map_err(|e| disk(io::Error::other(e)))?;
+    let landed = spool.finish().await.map_err(disk)?;
+    if let (Some(got), Some(expected)) = (landed.sha256, expected) {
         cipher::check(&got, &expected).map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
     }
     if let Some(expected) = announced.filter(|e| *e != size) {
@@ -288,7 +276,7 @@ async fn attempt(
         }
         .into());
     }
-    let mime = mime::reconcile(req.declared_mime.as_deref(), &sunk.head, temp.name());
+    let mime = mime::reconcile(req.declared_mime.as_deref(), &landed.head, temp.name());
     if mime::disagrees(req.declared_mime.as_deref(), &mime) {
         tracing::warn!(
             declared = req.declared_mime.as_deref().unwrap_or_default(),
@@ -304,7 +292,7 @@ async fn attempt(
         info: AttachmentInfo {
             name,
             mime,
-            size: sunk.size,
+            size: landed.size,
             ..AttachmentInfo::default()
         },
     })
@@ -315,52 +303,6 @@ async fn attempt(
 fn event_key(event_id: &EventId) -> String {
     use sha2::Digest;
     hex::encode(&sha2::Sha256::digest(event_id.as_str().as_bytes())[..4])
-}
-
-/// What the sink learned while writing.
-struct Sunk {
-    head: Vec<u8>,
-    size: u64,
-}
-
-/// Size of the writes to the inbox file: the chunks from the network are gathered into writes
-/// of this size (one copy; the write takes straight from it).
-const WRITE_SIZE: usize = 256 * 1024;
-
-/// The blocking end of a download: decrypts (when a `keystream` is given; the ciphertext's hash
-/// is checked beside it), keeps the first bytes for sniffing, and writes to `out`, handing the
-/// written windows to the disk as it goes ([`writeback`]), so the fsync at the end has little
-/// left to do and the page cache does not grow with the file.
-fn sink(
-    mut input: pipe::ChannelReader,
-    mut keystream: Option<Keystream>,
-    mut out: std::fs::File,
-    head_cap: usize,
-) -> io::Result<Sunk> {
-    let mut head = Vec::with_capacity(head_cap);
-    let mut buf = vec![0u8; WRITE_SIZE];
-    let mut size = 0u64;
-    let mut writeback = Writeback::new(writeback::WINDOW);
-    loop {
-        let n = pipe::fill(&mut input, &mut buf)?;
-        if n == 0 {
-            break;
-        }
-        let chunk = &mut buf[..n];
-        if let Some(k) = &mut keystream {
-            k.apply(chunk);
-        }
-        if head.len() < head_cap {
-            let take = (head_cap - head.len()).min(n);
-            head.extend_from_slice(&chunk[..take]);
-        }
-        out.write_all(chunk)?;
-        size += n as u64;
-        if let Some(advice) = writeback.after(size) {
-            writeback::apply(&out, &advice);
-        }
-    }
-    Ok(Sunk { head, size })
 }
 
 fn temp_label(req: &DownloadRequest) -> String {

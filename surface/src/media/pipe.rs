@@ -1,7 +1,7 @@
-//! Bytes between the network and the disk, with the heavy work (hashing, encryption, decryption,
-//! file I/O) on a blocking thread beside the network I/O: a transfer uses two cores instead of
-//! taking turns on one, and no chunk waits for a thread hop of its own. Memory is bounded by
-//! [`DEPTH`] chunks in flight.
+//! Bytes from the disk to the network (an upload), with the heavy work (reading, hashing,
+//! encryption) on a blocking thread beside the network I/O: a transfer uses two cores instead
+//! of taking turns on one, and no chunk waits for a thread hop of its own. Memory is bounded by
+//! [`DEPTH`] chunks in flight. (Downloads go the other way through `spool`.)
 
 use std::io::{self, Read};
 
@@ -15,40 +15,6 @@ use tokio::task::JoinHandle;
 pub const DEPTH: usize = 8;
 /// Size of the chunks read from disk for an upload.
 pub const UPLOAD_CHUNK: usize = 256 * 1024;
-
-/// The consuming end of a download pipe, as a blocking [`Read`]: end of input once the async
-/// side drops its sender.
-#[derive(Debug)]
-pub struct ChannelReader {
-    rx: mpsc::Receiver<Bytes>,
-    current: Bytes,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(chunk) => self.current = chunk,
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current.split_to(n));
-        Ok(n)
-    }
-}
-
-/// A pipe into a blocking consumer: the async side sends chunks, the consumer reads them.
-pub fn channel() -> (mpsc::Sender<Bytes>, ChannelReader) {
-    let (tx, rx) = mpsc::channel(DEPTH);
-    (
-        tx,
-        ChannelReader {
-            rx,
-            current: Bytes::new(),
-        },
-    )
-}
 
 /// Where a producer on the blocking thread puts its chunks.
 #[derive(Debug)]
@@ -205,19 +171,5 @@ mod tests {
         drop(stream);
         let err = done.await.unwrap().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn the_channel_reader_reads_what_was_sent_then_ends() {
-        let (tx, mut reader) = channel();
-        let consumer = tokio::task::spawn_blocking(move || {
-            let mut all = Vec::new();
-            reader.read_to_end(&mut all).map(|_| all)
-        });
-        for part in [&b"abc"[..], b"", b"defg"] {
-            tx.send(Bytes::copy_from_slice(part)).await.unwrap();
-        }
-        drop(tx);
-        assert_eq!(consumer.await.unwrap().unwrap(), b"abcdefg");
     }
 }

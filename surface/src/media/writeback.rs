@@ -62,11 +62,48 @@ impl Writeback {
 }
 
 /// Passes `advice` on to the kernel for `file`. Only a hint: errors are ignored.
-pub fn apply(file: &std::fs::File, advice: &Advice) {
+fn apply(file: &std::fs::File, advice: &Advice) {
     for range in [&advice.write, &advice.drop] {
         if let Some(len) = NonZeroU64::new(range.end.saturating_sub(range.start)) {
             let _ = rustix::fs::fadvise(file, range.start, Some(len), rustix::fs::Advice::DontNeed);
         }
+    }
+}
+
+/// A thread of its own that passes advice on to the kernel ([`apply`]): starting writeback
+/// builds the disk's requests in the caller (ext4 allocating blocks, bios), and dropping pages
+/// frees them there; the writer hands the advice over and goes on writing, so that work runs
+/// beside the download instead of in its way.
+#[derive(Debug)]
+pub struct Flusher {
+    tx: std::sync::mpsc::Sender<Advice>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flusher {
+    /// Starts the thread for `file` (a handle of its own on the file being written).
+    pub fn start(file: std::fs::File) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Advice>();
+        let thread = std::thread::Builder::new()
+            .name("writeback".into())
+            .spawn(move || {
+                while let Ok(advice) = rx.recv() {
+                    apply(&file, &advice);
+                }
+            })?;
+        Ok(Self { tx, thread })
+    }
+
+    /// Hands `advice` over; never blocks.
+    pub fn hand(&self, advice: Advice) {
+        // The thread only ends once this sender is gone.
+        let _ = self.tx.send(advice);
+    }
+
+    /// Waits until everything handed over was passed on.
+    pub fn finish(self) {
+        drop(self.tx);
+        let _ = self.thread.join();
     }
 }
 
@@ -129,15 +166,17 @@ mod tests {
     fn advice_on_a_real_file_keeps_its_content() {
         use std::io::{Read, Seek, Write};
         let mut file = tempfile::tempfile().unwrap();
+        let flusher = Flusher::start(file.try_clone().unwrap()).unwrap();
         let mut wb = Writeback::new(4096);
         let mut written = 0u64;
         for i in 0..10u8 {
             file.write_all(&[i; 4096]).unwrap();
             written += 4096;
             if let Some(a) = wb.after(written) {
-                apply(&file, &a);
+                flusher.hand(a);
             }
         }
+        flusher.finish();
         file.sync_all().unwrap();
         file.rewind().unwrap();
         let mut back = Vec::new();
