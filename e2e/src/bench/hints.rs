@@ -168,10 +168,10 @@ pub fn hint(clue: &Clue) -> String {
                 _ => String::new(),
             };
             if let Some(h) = busy.as_ref().and_then(Busy::saturated) {
-                return h + &hash_share;
+                return format!("{h}{hash_share}");
             }
             let t = 1.0 / this;
-            let main = match (curl_fsync, sha) {
+            let main: String = match (curl_fsync, sha) {
                 (Some(f), _) if near(this, f, 0.1) => {
                     "disk fsync dominates: within 10% of curl+fsync".into()
                 }
@@ -196,7 +196,7 @@ pub fn hint(clue: &Clue) -> String {
                     100.0 * (t * curl - 1.0)
                 ),
             };
-            main + &hash_share
+            format!("{main}{hash_share}")
         }
         Clue::Outbound {
             encrypted,
