@@ -104,6 +104,8 @@ pub struct Shared {
     pub joining: Joining,
     /// The bot-loop breaker's memory.
     pub bot_loops: BotLoops,
+    /// Senders' display names per room.
+    pub member_names: crate::members::MemberNames,
     /// Cancelled on SIGINT/SIGTERM.
     pub shutdown: CancellationToken,
     /// Every background task, awaited at shutdown.

@@ -145,13 +145,9 @@ pub async fn classify(
     };
     let keep = disposition != Disposition::Skip;
     let sender_name = if keep {
-        match room
-            .get_member_no_sync(e.sender.as_str().try_into().unwrap_or(&ctx.config.user_id))
-            .await
-        {
-            Ok(Some(m)) => m.display_name().map(str::to_owned),
-            _ => None,
-        }
+        let sender: &matrix_sdk::ruma::UserId =
+            e.sender.as_str().try_into().unwrap_or(&ctx.config.user_id);
+        ctx.member_names.display_name(room, sender).await
     } else {
         None
     };

@@ -19,6 +19,7 @@ pub mod latency;
 pub mod logging;
 pub mod mcp;
 pub mod media;
+pub mod members;
 pub mod metrics;
 pub mod mime;
 pub mod outbound;
@@ -190,6 +191,7 @@ pub async fn run_with(
         waits: Default::default(),
         joining: Default::default(),
         bot_loops: Default::default(),
+        member_names: Default::default(),
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         bot_display_name: RwLock::new(display_name),

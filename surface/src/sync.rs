@@ -255,6 +255,22 @@ async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
         };
+        let (matrix_sdk::sync::State::Before(state) | matrix_sdk::sync::State::After(state)) =
+            &update.state;
+        let types = state
+            .iter()
+            .map(|e| e.get_field::<String>("type").ok().flatten())
+            .chain(
+                update
+                    .timeline
+                    .events
+                    .iter()
+                    .map(|e| e.raw().get_field::<String>("type").ok().flatten()),
+            )
+            .collect::<Vec<_>>();
+        if crate::members::membership_changed(types.iter().map(Option::as_deref)) {
+            ctx.member_names.forget_room(room_id.as_str());
+        }
         let events: Vec<RawEvent> = update
             .timeline
             .events
