@@ -173,7 +173,9 @@ pub fn hint(clue: &Clue) -> String {
             let t = 1.0 / this;
             let main: String = match (curl_fsync, sha) {
                 (Some(f), _) if near(this, f, 0.1) => {
-                    "disk fsync dominates: within 10% of curl+fsync".into()
+                    "as fast as curl+fsync (within 10%): the surface's file is on the disk when \
+                     it is done, curl's without fsync only in memory"
+                        .into()
                 }
                 // The ciphertext is hashed beside the download, on its own thread: only a hash
                 // rate near the download's own rate can hold it back.
@@ -515,7 +517,7 @@ mod tests {
         let cases: Vec<(Clue, &str)> = vec![
             (
                 inbound(400.0, Some(420.0), Some(2000.0)),
-                "disk fsync dominates",
+                "as fast as curl+fsync (within 10%)",
             ),
             // 1/400 - 1/800 of 1/400: half the time beyond curl+fsync.
             (
