@@ -255,22 +255,6 @@ async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
         };
-        let (matrix_sdk::sync::State::Before(state) | matrix_sdk::sync::State::After(state)) =
-            &update.state;
-        let types = state
-            .iter()
-            .map(|e| e.get_field::<String>("type").ok().flatten())
-            .chain(
-                update
-                    .timeline
-                    .events
-                    .iter()
-                    .map(|e| e.raw().get_field::<String>("type").ok().flatten()),
-            )
-            .collect::<Vec<_>>();
-        if crate::members::membership_changed(types.iter().map(Option::as_deref)) {
-            ctx.member_names.forget_room(room_id.as_str());
-        }
         let events: Vec<RawEvent> = update
             .timeline
             .events
@@ -283,6 +267,23 @@ async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
             handed,
             crypto,
         );
+        // A membership change may rename a sender: the room's remembered names go. The timeline's
+        // types come from its parsed events (one that did not parse counts as a change).
+        let (matrix_sdk::sync::State::Before(state) | matrix_sdk::sync::State::After(state)) =
+            &update.state;
+        let unparsed = update.timeline.events.len() - events.len();
+        let timeline = events
+            .iter()
+            .map(|e| Some(e.kind.as_str()))
+            .chain(std::iter::repeat_n(None, unparsed));
+        if crate::members::membership_changed(
+            state
+                .iter()
+                .map(|e| e.get_field::<String>("type").ok().flatten()),
+        ) || crate::members::membership_changed(timeline)
+        {
+            ctx.member_names.forget_room(room_id.as_str());
+        }
         if update.timeline.limited {
             metrics::counter!(crate::metrics::LIMITED_SYNCS).increment(1);
         }
