@@ -16,6 +16,8 @@
 //! * [`chat`]: one chat's durable history, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).
 //! * [`describe`]: MIME sniffing, hashes, image sizes and previews of files.
+//! * [`speaker`]: who wrote a turn, as the brains show it (a member's display name, cleaned,
+//!   beside the user id).
 //! * [`config`]: the typed configuration from environment variables (secrets redacted), tool
 //!   policies included.
 //! * [`confine`]: opening files beneath the workspace handle; what a chat may touch.
@@ -37,6 +39,7 @@ pub mod memory;
 pub mod metrics;
 pub mod server;
 pub mod session;
+pub mod speaker;
 pub mod state;
 pub mod store;
 pub mod tools;

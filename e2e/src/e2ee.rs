@@ -430,6 +430,31 @@ impl E2eeUser {
         }
     }
 
+    /// Sets this user's display name and waits until this client's sync shows it in `room`:
+    /// the homeserver updates the user's membership in each room on its own time, so a message
+    /// sent before that is, rightly, still sent under the old name.
+    pub async fn rename(&self, room: &str, name: &str, timeout: Duration) -> Result<()> {
+        self.client
+            .account()
+            .set_display_name(Some(name))
+            .await
+            .context("set display name")?;
+        let me = UserId::parse(&self.user_id)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = self.room(room)?;
+            if let Ok(Some(m)) = r.get_member_no_sync(&me).await
+                && m.display_name() == Some(name)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{room} did not show the name {name:?} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Sends a plain text message (encrypted in an encrypted room) and returns its event id.
     pub async fn send_text(&self, room: &str, text: &str) -> Result<String> {
         let r = self.room(room)?;

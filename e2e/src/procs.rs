@@ -181,6 +181,10 @@ pub struct StackOptions {
     pub password_login: bool,
 }
 
+/// The started processes' log filter (unless `E2E_RUST_LOG` sets another).
+const STACK_LOG: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
+                         matrix_sdk_crypto::backups=error";
+
 /// One agent + one surface (logged in as a fresh bot account) sharing a temporary workspace.
 #[derive(Debug)]
 pub struct Stack {
@@ -215,9 +219,10 @@ impl Stack {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), v.clone()))
                 .collect();
+            // `E2E_RUST_LOG` overrides the processes' log filter when debugging a test.
             env.insert(
                 "RUST_LOG".into(),
-                "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,matrix_sdk_crypto::backups=error".into(),
+                std::env::var("E2E_RUST_LOG").unwrap_or_else(|_| STACK_LOG.into()),
             );
             env.insert("WORKSPACE_ROOT".into(), workspace.display().to_string());
             env

@@ -37,6 +37,7 @@ impl MemberNames {
                 return None;
             }
         };
+        tracing::debug!(room_id = %key.0, user_id = %key.1, name = ?name, "member name looked up");
         let mut names = self.lock();
         if names.len() >= MAX_NAMES {
             names.clear();
@@ -47,6 +48,7 @@ impl MemberNames {
 
     /// Forgets every name of `room_id` (its membership changed).
     pub fn forget_room(&self, room_id: &str) {
+        tracing::debug!(room_id = %room_id, "member names forgotten");
         self.lock().retain(|(room, _), _| room != room_id);
     }
 

@@ -421,7 +421,11 @@ fn history(input: &TurnInput) -> String {
         format!("This chat has {turns} earlier turn(s) with {attachments} attachment(s).");
     for t in input.history.recent.iter().rev().take(5).rev() {
         let text: String = t.text.chars().take(80).collect();
-        out.push_str(&format!("\n- #{} {}: {text}", t.seq, t.sender.user_id));
+        out.push_str(&format!(
+            "\n- #{} {}: {text}",
+            t.seq,
+            crate::speaker::label(&t.sender)
+        ));
         for a in t.all_attachments() {
             out.push_str(&format!("\n  - {a}"));
         }

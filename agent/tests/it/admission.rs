@@ -148,7 +148,7 @@ async fn a_new_id_reusing_an_old_seq_is_stored_and_run() {
     let order: Vec<usize> = [(1, "first"), (2, "second"), (2, "history"), (1, "history")]
         .iter()
         .map(|(seq, said)| {
-            let line = format!("#{seq} {USER}: {said}");
+            let line = format!("#{seq} Alice ({USER}): {said}");
             text.find(&line)
                 .unwrap_or_else(|| panic!("{line:?} missing: {text}"))
         })

@@ -1,5 +1,5 @@
 //! Encrypted rooms, with a user on matrix-sdk as on Element: text and every media kind both
-//! ways, and a surface killed between messages. (A first message before the bot's join is in
+//! ways, senders' names through a rename, and a surface killed between messages. (A first message before the bot's join is in
 //! `first_sight`, room keys that come late in `late_keys`.)
 
 use e2e::check::{self, BotMessage, RoomTimeline};
@@ -258,6 +258,27 @@ async fn an_encrypted_dm_carries_text_and_files_both_ways() {
     assert_eq!(bytes, b"some text");
     dm.assert_encrypted_on_the_wire(&note.event_id, "the bot's file")
         .await;
+
+    // Names: each turn carries the display name its sender had when writing it, a rename in
+    // between included (the surface remembers names per room and must forget them then), and
+    // the agent shows it beside the user id.
+    let mut said = Vec::new();
+    for name in ["Ada One", "Ada Two"] {
+        dm.user.rename(&dm.room, name, TURN).await.expect("rename");
+        let text = format!("written as {name}");
+        let (id, _) = dm.ask(&text).await;
+        let turn = dm.stack.agent_turn(&id).expect("the agent stored the turn");
+        assert_eq!(turn["sender"]["display_name"], name, "{turn}");
+        said.push(format!("{name} ({}): {text}", dm.user.user_id));
+    }
+    let (_, history) = dm.ask("history").await;
+    for line in &said {
+        assert!(
+            history.body.contains(line.as_str()),
+            "{line:?} in the history: {}",
+            history.body
+        );
+    }
     assert_eq!(
         dm.user.undecryptable(&dm.room),
         Vec::<(String, String)>::new(),

@@ -52,7 +52,7 @@ const AGENT: &[&[&str]] = &[
         "metrics",
         "store",
     ],
-    &["chat", "describe"],
+    &["chat", "describe", "speaker"],
     &["link"],
     &["tools"],
     &["turn"],

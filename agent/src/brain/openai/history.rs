@@ -37,12 +37,20 @@ fn cost(turn: &TurnRecord) -> usize {
 pub fn user_content(turn: &TurnRecord) -> String {
     let mut content = String::new();
     for c in &turn.context {
-        content.push_str(&format!("(earlier, {}): {}\n", c.sender.user_id, c.text));
+        content.push_str(&format!(
+            "(earlier, {}): {}\n",
+            crate::speaker::label(&c.sender),
+            c.text
+        ));
         for a in &c.attachments {
             content.push_str(&format!("  attachment: {a}\n"));
         }
     }
-    content.push_str(&format!("{}: {}", turn.sender.user_id, turn.text));
+    content.push_str(&format!(
+        "{}: {}",
+        crate::speaker::label(&turn.sender),
+        turn.text
+    ));
     for a in &turn.attachments {
         content.push_str(&format!("\nattachment: {a}"));
         if let Some(info) = turn.attachment_info.get(a) {
