@@ -7,6 +7,7 @@
 #   scripts/bench.sh                         # 3 runs, 1 GiB each way, 100 messages, 20 rooms
 #   scripts/bench.sh --smoke                 # tiny sizes, one run
 #   scripts/bench.sh --runs 1 --size-mib 64 --messages 20 --rooms 4 --out /tmp/b.json
+#   scripts/bench.sh --runs 3 --only latency,inbound   # a focused experiment: those phases only
 #
 # With the defaults it takes about 9 minutes on a 2-core machine (3 runs of 3 minutes: 45 s of
 # reply latency, mostly the paced series' pauses, 45 s of throughput, 85 s moving 1 GiB files

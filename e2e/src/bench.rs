@@ -60,6 +60,24 @@ pub struct Args {
     /// Where the JSON report goes.
     #[arg(long, default_value = "bench.json")]
     pub out: PathBuf,
+    /// Measure only these phases (repeat the flag, or separate with commas) [default: all].
+    /// For a focused experiment: the figures of the other phases are missing from the report.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Phase>,
+}
+
+/// A part of one run, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Reply latency next to the echo bot, and the surface's own legs.
+    Latency,
+    /// Messages per second in one room and over `--rooms` rooms.
+    Throughput,
+    /// The big file into the bot's inbox, plain and encrypted.
+    Inbound,
+    /// The big file out of the agent's folder, plain and encrypted.
+    Outbound,
 }
 
 /// What one benchmark measures, after `--smoke` and the defaults.
@@ -85,6 +103,8 @@ pub struct Sizes {
     pub fsyncs: usize,
     /// Whether `--smoke` chose the defaults.
     pub smoke: bool,
+    /// The phases measured (all unless `--only` chose).
+    pub phases: Vec<Phase>,
     /// The pause as a duration (`pause_ms` in the JSON).
     #[serde(skip)]
     pub pause: Duration,
@@ -109,6 +129,16 @@ impl Sizes {
             seq_write_mib: if smoke { 16 } else { 256 },
             fsyncs: 200,
             smoke,
+            phases: if args.only.is_empty() {
+                vec![
+                    Phase::Latency,
+                    Phase::Throughput,
+                    Phase::Inbound,
+                    Phase::Outbound,
+                ]
+            } else {
+                args.only.clone()
+            },
             pause,
         }
     }
@@ -126,6 +156,7 @@ impl Args {
             rooms: None,
             rounds: None,
             out: "bench.json".into(),
+            only: Vec::new(),
         }
     }
 }
@@ -194,23 +225,34 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
             sizes.size_mib
         );
     }
-    note("reply latency");
-    // The surface's legs are taken from this phase only: later phases queue messages on
-    // purpose (a burst waits for the turns before it), which is not the surface's own time.
-    let before = s.stack.surface.log().len();
-    out.extend(conversation::reply_latency(&s, sizes).await?);
-    let legs_log = s
-        .stack
-        .surface
-        .log()
-        .get(before..)
-        .unwrap_or_default()
-        .to_owned();
-    note("throughput");
-    out.extend(conversation::throughput(&s, sizes).await?);
-    let transfers = transfer::Transfers::new(&s, sizes.size_mib)?;
-    out.extend(transfers.measure(seed).await?);
-    out.extend(surface_legs(&legs_log));
+    let wants = |p: Phase| sizes.phases.contains(&p);
+    if wants(Phase::Latency) {
+        note("reply latency");
+        // The surface's legs are taken from this phase only: later phases queue messages on
+        // purpose (a burst waits for the turns before it), which is not the surface's own time.
+        let before = s.stack.surface.log().len();
+        out.extend(conversation::reply_latency(&s, sizes).await?);
+        let legs_log = s
+            .stack
+            .surface
+            .log()
+            .get(before..)
+            .unwrap_or_default()
+            .to_owned();
+        out.extend(surface_legs(&legs_log));
+    }
+    if wants(Phase::Throughput) {
+        note("throughput");
+        out.extend(conversation::throughput(&s, sizes).await?);
+    }
+    if wants(Phase::Inbound) || wants(Phase::Outbound) {
+        let transfers = transfer::Transfers::new(&s, sizes.size_mib)?;
+        out.extend(
+            transfers
+                .measure(seed, wants(Phase::Inbound), wants(Phase::Outbound))
+                .await?,
+        );
+    }
     for user in [&s.bot, &s.user.user_id] {
         if let Err(e) = media.delete_all(user).await {
             note(&format!("could not delete the media of {user}: {e:#}"));
@@ -271,6 +313,18 @@ mod tests {
         assert_eq!((mixed.runs, mixed.size_mib, mixed.messages), (2, 64, 10));
         let zero = Sizes::resolve(&Args::parse_from(["bench", "--rooms", "0"]));
         assert_eq!(zero.rooms, 1, "at least one of everything");
+        assert_eq!(zero.phases.len(), 4, "every phase by default");
+        let only = Sizes::resolve(&Args::parse_from([
+            "bench",
+            "--only",
+            "latency,inbound",
+            "--only",
+            "outbound",
+        ]));
+        assert_eq!(
+            only.phases,
+            vec![Phase::Latency, Phase::Inbound, Phase::Outbound]
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Where the surface's own time goes, for the benchmark (`scripts/bench.sh`): from the `/sync`
 //! response in matrix-sdk's hands to the turn's frame at the agent (`sync_to_agent`), the part of
 //! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: parsing, decryption, its
-//! stores) and the rest, the surface's own (`surface_sync`; of it, `surface_journal` until the
+//! stores; of it, `sdk_crypto` in the crypto machine's per-sync work and `sdk_state` saving the
+//! state store, each a store transaction whose commit is an fsync) and the rest, the surface's own (`surface_sync`; of it, `surface_journal` until the
 //! journal's commit and `surface_lane` from there to the frame), and from an agent message to
 //! the post it causes (`agent_to_send`).
 //! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
@@ -28,19 +29,46 @@ pub const TARGET: &str = "mxbridge_latency";
 const MAX_ARRIVALS: usize = 4096;
 /// Where matrix-sdk's HTTP client logs.
 const SDK_HTTP: &str = "matrix_sdk::http_client";
-/// Where matrix-sdk-crypto's `OlmMachine` instruments its methods.
-const SDK_CRYPTO: &str = "matrix_sdk_crypto::machine";
-/// The span of the crypto machine's share of every sync: to-device events, one-time key counts
-/// and device lists, and the crypto store's transaction.
-const CRYPTO_SYNC_SPAN: &str = "receive_sync_changes";
+/// A span of matrix-sdk's, clocked whenever it runs: its time within the latest sync becomes a
+/// leg of its own.
+#[derive(Debug, Clone, Copy)]
+struct Clocked {
+    /// The module the span is instrumented in (its tracing target).
+    target: &'static str,
+    /// The span's name.
+    span: &'static str,
+    /// The leg it is logged as.
+    leg: &'static str,
+}
+
+/// The parts of `sdk_sync` clocked on their own (matrix-sdk 0.18's names).
+const CLOCKED: [Clocked; 2] = [
+    // The crypto machine's share of every sync: to-device events, one-time key counts and
+    // device lists, and two crypto store transactions.
+    Clocked {
+        target: "matrix_sdk_crypto::machine",
+        span: "receive_sync_changes",
+        leg: "sdk_crypto",
+    },
+    // The state store's transaction: the sync token, room state and infos.
+    Clocked {
+        target: "matrix_sdk_base::response_processors::changes",
+        span: "save_and_apply",
+        leg: "sdk_state",
+    },
+];
+
+/// How long each [`CLOCKED`] span took over the latest sync (`None`: it did not run, or its
+/// time was taken already).
+pub type SdkParts = [Option<Duration>; CLOCKED.len()];
 
 /// When an event came: the `/sync` response in the SDK's hands, and the SDK handing it to us.
 #[derive(Debug, Clone, Copy)]
 struct Arrival {
     response: Instant,
     handed: Instant,
-    /// Time spent in the crypto machine's share of that sync, if it was clocked.
-    crypto: Option<Duration>,
+    /// Time spent in the SDK's clocked parts of that sync.
+    parts: SdkParts,
     /// When the surface's journal had committed the event.
     journaled: Option<Instant>,
 }
@@ -48,8 +76,8 @@ struct Arrival {
 static ARRIVALS: Mutex<Option<HashMap<String, Arrival>>> = Mutex::new(None);
 /// The last `/sync` response the SDK received and nobody took yet.
 static SYNC_RESPONSE: Mutex<Option<Instant>> = Mutex::new(None);
-/// How long the crypto machine took over the last sync response, not taken yet.
-static CRYPTO_SYNC: Mutex<Option<Duration>> = Mutex::new(None);
+/// How long the clocked spans took over the last sync response, not taken yet.
+static SDK_PARTS: Mutex<SdkParts> = Mutex::new([None; CLOCKED.len()]);
 
 fn enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
@@ -77,9 +105,9 @@ pub fn take_sync_response() -> Option<Instant> {
         .take()
 }
 
-/// How long the crypto machine spent on the latest sync response, once.
-pub fn take_crypto_sync() -> Option<Duration> {
-    CRYPTO_SYNC.lock().unwrap_or_else(|p| p.into_inner()).take()
+/// How long the SDK's clocked parts took over the latest sync response, once.
+pub fn take_sdk_parts() -> SdkParts {
+    std::mem::take(&mut *SDK_PARTS.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// Events `event_ids` came with a sync response that arrived at `response` and that the SDK
@@ -88,7 +116,7 @@ pub fn arrived<'a>(
     event_ids: impl IntoIterator<Item = &'a str>,
     response: Instant,
     handed: Instant,
-    crypto: Option<Duration>,
+    parts: SdkParts,
 ) {
     if !enabled() {
         return;
@@ -104,7 +132,7 @@ pub fn arrived<'a>(
             Arrival {
                 response,
                 handed,
-                crypto,
+                parts,
                 journaled: None,
             },
         );
@@ -139,8 +167,10 @@ pub fn sent_to_agent(event_id: &str) {
     if let Some(a) = at {
         let sdk = a.handed.saturating_duration_since(a.response);
         tracing::debug!(target: TARGET, leg = "sdk_sync", us = sdk.as_micros() as u64);
-        if let Some(crypto) = a.crypto {
-            tracing::debug!(target: TARGET, leg = "sdk_crypto", us = crypto.as_micros() as u64);
+        for (clocked, took) in CLOCKED.iter().zip(a.parts) {
+            if let Some(took) = took {
+                tracing::debug!(target: TARGET, leg = clocked.leg, us = took.as_micros() as u64);
+            }
         }
         let now = Instant::now();
         let own = now.saturating_duration_since(a.handed);
@@ -172,14 +202,20 @@ pub struct SyncClock;
 /// Marks a `send` span of the SDK's HTTP client that carries a `/sync` request.
 struct IsSync;
 
-/// When a crypto machine's `receive_sync_changes` span opened.
-struct CryptoSince(Instant);
+/// When a [`CLOCKED`] span (by its index) opened.
+struct ClockedSince(usize, Instant);
 
 impl SyncClock {
     /// The callsites the layer needs: matrix-sdk's HTTP client, at every level.
     pub fn interested(meta: &Metadata<'_>) -> bool {
-        meta.target().starts_with(SDK_HTTP)
-            || (meta.target().starts_with(SDK_CRYPTO) && meta.name() == CRYPTO_SYNC_SPAN)
+        meta.target().starts_with(SDK_HTTP) || Self::clocked(meta).is_some()
+    }
+
+    /// Which of [`CLOCKED`] a span is.
+    fn clocked(meta: &Metadata<'_>) -> Option<usize> {
+        CLOCKED
+            .iter()
+            .position(|c| meta.name() == c.span && meta.target() == c.target)
     }
 
     fn mark<S>(id: &Id, values: &dyn Fn(&mut UriIsSync), ctx: &Context<'_, S>)
@@ -203,10 +239,10 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let meta = attrs.metadata();
-        if meta.name() == CRYPTO_SYNC_SPAN && meta.target().starts_with(SDK_CRYPTO) {
+        if let Some(i) = Self::clocked(attrs.metadata()) {
             if let Some(span) = ctx.span(id) {
-                span.extensions_mut().insert(CryptoSince(Instant::now()));
+                span.extensions_mut()
+                    .insert(ClockedSince(i, Instant::now()));
             }
             return;
         }
@@ -215,8 +251,8 @@ where
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else { return };
-        if let Some(CryptoSince(since)) = span.extensions().get::<CryptoSince>() {
-            *CRYPTO_SYNC.lock().unwrap_or_else(|p| p.into_inner()) = Some(since.elapsed());
+        if let Some(ClockedSince(i, since)) = span.extensions().get::<ClockedSince>() {
+            SDK_PARTS.lock().unwrap_or_else(|p| p.into_inner())[*i] = Some(since.elapsed());
         }
     }
 
@@ -302,24 +338,30 @@ mod tests {
         tracing::debug!(target: "matrix_sdk::http_client", "Got response");
     }
 
-    /// The shape of matrix-sdk-crypto 0.18's `OlmMachine::receive_sync_changes`: an INFO span
-    /// of that name (`#[instrument(skip_all)]`) in the module `matrix_sdk_crypto::machine`.
+    /// The shapes of matrix-sdk 0.18's `OlmMachine::receive_sync_changes` and the base client's
+    /// `save_and_apply`: INFO spans of those names (`#[instrument(skip_all)]`) in their modules.
     #[test]
-    fn the_crypto_machines_share_of_a_sync_is_clocked() {
+    fn the_sdks_crypto_and_state_store_parts_of_a_sync_are_clocked() {
         let subscriber = tracing_subscriber::registry().with(SyncClock);
         tracing::subscriber::with_default(subscriber, || {
-            take_crypto_sync();
-            let other =
-                tracing::info_span!(target: "matrix_sdk_crypto::machine", "decrypt_room_event");
-            drop(other);
-            assert!(take_crypto_sync().is_none());
+            take_sdk_parts();
+            // Other spans, and a clocked name in another module, are not clocked.
+            drop(tracing::info_span!(target: "matrix_sdk_crypto::machine", "decrypt_room_event"));
+            drop(tracing::info_span!(target: "matrix_sdk_base::client", "save_and_apply"));
+            assert_eq!(take_sdk_parts(), [None, None]);
             let before = Instant::now();
-            let span =
-                tracing::info_span!(target: "matrix_sdk_crypto::machine", "receive_sync_changes");
-            drop(span);
-            let took = take_crypto_sync().expect("clocked");
+            drop(tracing::info_span!(target: "matrix_sdk_crypto::machine", "receive_sync_changes"));
+            let parts = take_sdk_parts();
+            let took = parts[0].expect("crypto clocked");
             assert!(took <= before.elapsed(), "{took:?}");
-            assert!(take_crypto_sync().is_none(), "taken once");
+            assert!(parts[1].is_none(), "{parts:?}");
+            assert_eq!(take_sdk_parts(), [None, None], "taken once");
+            drop(tracing::info_span!(
+                target: "matrix_sdk_base::response_processors::changes",
+                "save_and_apply"
+            ));
+            let parts = take_sdk_parts();
+            assert!(parts[0].is_none() && parts[1].is_some(), "{parts:?}");
         });
     }
 
@@ -361,7 +403,15 @@ mod tests {
             std::thread::sleep(Duration::from_millis(3));
             let handed = Instant::now();
             let id = "$split:example.org";
-            arrived([id], response, handed, Some(Duration::from_micros(700)));
+            arrived(
+                [id],
+                response,
+                handed,
+                [
+                    Some(Duration::from_micros(700)),
+                    Some(Duration::from_micros(400)),
+                ],
+            );
             std::thread::sleep(Duration::from_millis(2));
             journaled([id, "$never-arrived:example.org"]);
             std::thread::sleep(Duration::from_millis(1));
@@ -371,10 +421,11 @@ mod tests {
         let got: HashMap<String, u64> = legs.0.lock().unwrap().iter().cloned().collect();
         assert_eq!(
             got.len(),
-            6,
+            7,
             "each leg once, the second send ignored: {got:?}"
         );
         assert_eq!(got["sdk_crypto"], 700);
+        assert_eq!(got["sdk_state"], 400);
         assert!(got["sdk_sync"] >= 3000, "{got:?}");
         assert!(got["surface_sync"] >= 3000, "{got:?}");
         assert!(got["surface_journal"] >= 2000, "{got:?}");

@@ -249,7 +249,7 @@ fn sync_filter() -> matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter
 async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
     let handed = std::time::Instant::now();
     let response_at = crate::latency::take_sync_response().unwrap_or(handed);
-    let crypto = crate::latency::take_crypto_sync();
+    let sdk_parts = crate::latency::take_sdk_parts();
     let mut batches = Vec::with_capacity(rooms.joined.len());
     for (room_id, update) in rooms.joined {
         let Some(room) = ctx.client.get_room(&room_id) else {
@@ -265,7 +265,7 @@ async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
             events.iter().map(|e| e.event_id.as_str()),
             response_at,
             handed,
-            crypto,
+            sdk_parts,
         );
         // A membership change may rename a sender: the room's remembered names go. The timeline's
         // types come from its parsed events (one that did not parse counts as a change).

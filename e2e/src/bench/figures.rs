@@ -33,8 +33,10 @@ pub enum Leg {
     /// events (parsing, decryption, the SDK's stores).
     SdkSync,
     /// Of [`Leg::SdkSync`], the crypto machine's share (`receive_sync_changes`: to-device
-    /// events, one-time key counts, device lists, the crypto store's transaction).
+    /// events, one-time key counts, device lists, the crypto store's two transactions).
     SdkCrypto,
+    /// Of [`Leg::SdkSync`], saving the state store (`save_and_apply`: one transaction).
+    SdkState,
     /// Of [`Leg::SyncToAgent`], the part after matrix-sdk hands the events over: the surface's
     /// own (its journal's commit, the lane, the frame to the agent).
     SurfaceSync,
@@ -55,6 +57,7 @@ impl Leg {
             Self::SyncToAgent => "sync_to_agent",
             Self::SdkSync => "sdk_sync",
             Self::SdkCrypto => "sdk_crypto",
+            Self::SdkState => "sdk_state",
             Self::SurfaceSync => "surface_sync",
             Self::SurfaceJournal => "surface_journal",
             Self::SurfaceLane => "surface_lane",
@@ -63,10 +66,11 @@ impl Leg {
     }
 
     /// Every leg, in table order.
-    pub const ALL: [Leg; 7] = [
+    pub const ALL: [Leg; 8] = [
         Leg::SyncToAgent,
         Leg::SdkSync,
         Leg::SdkCrypto,
+        Leg::SdkState,
         Leg::SurfaceSync,
         Leg::SurfaceJournal,
         Leg::SurfaceLane,
@@ -114,6 +118,8 @@ pub enum Fig {
     Sha,
     /// 4 KiB write + fsync, per second.
     Fsync,
+    /// The slowest of those fsyncs but 1 %, ms (comparator: the median).
+    FsyncP99,
     /// Sequential write with a final fsync, MiB/s (comparator: without).
     SeqWrite,
     /// User → bot inbox, MiB/s, from the download's start (comparator: curl download's body).
@@ -189,7 +195,7 @@ pub const LEG_P99_LIMIT_MS: f64 = 5.0;
 impl Fig {
     /// Every figure in table order; `rooms` is `--rooms`.
     pub fn all() -> Vec<Fig> {
-        let mut out = vec![Fig::Sha, Fig::Fsync, Fig::SeqWrite];
+        let mut out = vec![Fig::Sha, Fig::Fsync, Fig::FsyncP99, Fig::SeqWrite];
         for room in [Room::Plain, Room::Encrypted] {
             out.extend([
                 Fig::Inbound(room),
@@ -252,6 +258,7 @@ impl Fig {
         match self {
             Fig::Sha => s("sha256".into(), "SHA-256".into(), "MiB/s", "", None),
             Fig::Fsync => s("fsync".into(), "4 KiB write+fsync".into(), "/s", "", None),
+            Fig::FsyncP99 => s("fsync_p99".into(), "fsync p99".into(), "ms", "p50", None),
             Fig::SeqWrite => s(
                 "seq_write_fsync".into(),
                 "seq. write+fsync".into(),

@@ -87,6 +87,10 @@ pub enum Clue {
         sdk_p99: Option<f64>,
         /// Of that, the 99th percentile of its crypto machine's share.
         crypto_p99: Option<f64>,
+        /// Of that, the 99th percentile of saving its state store.
+        state_p99: Option<f64>,
+        /// The machine's fsync, p50 and p99, ms: what each store commit waits for.
+        fsync_ms: Option<(f64, f64)>,
         /// Of the sync leg, the 99th percentile of the surface's own part (after the SDK).
         own_p99: Option<f64>,
         /// Of the surface's own part, the 99th percentiles until the journal's commit and from
@@ -231,6 +235,8 @@ pub fn hint(clue: &Clue) -> String {
             max,
             sdk_p99,
             crypto_p99,
+            state_p99,
+            fsync_ms,
             own_p99,
             own_parts,
         } => {
@@ -243,7 +249,16 @@ pub fn hint(clue: &Clue) -> String {
                 let crypto = crypto_p99.map_or(String::new(), |c| {
                     format!(
                         "; {c:.1} ms (p99) of it in its crypto machine's per-sync work (key counts, \
-                         to-device, the crypto store)"
+                         to-device, two crypto store commits)"
+                    )
+                });
+                let state = state_p99.map_or(String::new(), |s| {
+                    format!("; {s:.1} ms (p99) saving its state store (one commit)")
+                });
+                let fsync = fsync_ms.map_or(String::new(), |(p50, p99)| {
+                    format!(
+                        "; every commit waits for an fsync (this disk alone: p50 {p50:.2}, p99 \
+                         {p99:.2} ms)"
                     )
                 });
                 let own = own_p99.map_or(String::new(), |o| {
@@ -251,7 +266,7 @@ pub fn hint(clue: &Clue) -> String {
                 });
                 format!(
                     "matrix-sdk dominates: {sdk:.1} of the {p99:.1} ms (p99) pass before it hands \
-                     the events over (parsing, decryption, its stores){crypto}{own}"
+                     the events over (parsing, decryption, its stores){crypto}{state}{fsync}{own}"
                 )
             } else if let (Some(own), Some((journal, lane))) = (own_p99, own_parts) {
                 let what = if journal >= lane {
@@ -395,6 +410,12 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
                 .flatten(),
             crypto_p99: (leg == Leg::SyncToAgent)
                 .then(|| this(Fig::Surface(Leg::SdkCrypto, Stat::P99)))
+                .flatten(),
+            state_p99: (leg == Leg::SyncToAgent)
+                .then(|| this(Fig::Surface(Leg::SdkState, Stat::P99)))
+                .flatten(),
+            fsync_ms: (leg == Leg::SyncToAgent)
+                .then(|| Some((other(Fig::FsyncP99)?, this(Fig::FsyncP99)?)))
                 .flatten(),
             own_p99: (leg == Leg::SyncToAgent)
                 .then(|| this(Fig::Surface(Leg::SurfaceSync, Stat::P99)))
@@ -595,14 +616,18 @@ mod tests {
                     max: 9.0,
                     sdk_p99: Some(5.0),
                     crypto_p99: Some(2.5),
+                    state_p99: Some(1.5),
+                    fsync_ms: Some((0.2, 3.7)),
                     own_p99: Some(3.5),
                     own_parts: Some((1.2, 2.4)),
                 },
                 "matrix-sdk dominates: 5.0 of the 8.0 ms (p99) pass before it hands the events \
                  over (parsing, decryption, its stores); 2.5 ms (p99) of it in its \
-                 crypto machine's per-sync work (key counts, to-device, the crypto store); the \
-                 surface's own part after it: 3.5 ms (p99): 1.2 until its journal's commit, 2.4 \
-                 from there to the agent",
+                 crypto machine's per-sync work (key counts, to-device, two crypto store \
+                 commits); 1.5 ms (p99) saving its state store (one commit); every commit waits \
+                 for an fsync (this disk alone: p50 0.20, p99 3.70 ms); the surface's own part \
+                 after it: 3.5 ms (p99): 1.2 until its journal's commit, 2.4 from there to the \
+                 agent",
             ),
             (
                 Clue::Leg {
@@ -611,6 +636,8 @@ mod tests {
                     max: 9.0,
                     sdk_p99: Some(2.0),
                     crypto_p99: None,
+                    state_p99: None,
+                    fsync_ms: None,
                     own_p99: Some(6.0),
                     own_parts: Some((5.0, 1.5)),
                 },
@@ -624,6 +651,8 @@ mod tests {
                     max: 9.0,
                     sdk_p99: Some(1.0),
                     crypto_p99: None,
+                    state_p99: None,
+                    fsync_ms: None,
                     own_p99: None,
                     own_parts: None,
                 },
@@ -636,6 +665,8 @@ mod tests {
                     max: 30.0,
                     sdk_p99: None,
                     crypto_p99: None,
+                    state_p99: None,
+                    fsync_ms: None,
                     own_p99: None,
                     own_parts: None,
                 },
@@ -648,6 +679,8 @@ mod tests {
                     max: 30.0,
                     sdk_p99: None,
                     crypto_p99: None,
+                    state_p99: None,
+                    fsync_ms: None,
                     own_p99: None,
                     own_parts: None,
                 },

@@ -105,10 +105,9 @@ fn measure_blocking(sizes: MachineSizes) -> Result<RunFigures> {
     let dir = tempfile::Builder::new()
         .prefix("mxbridge-bench-disk-")
         .tempdir()?;
-    out.insert(
-        Fig::Fsync,
-        Sample::alone(fsync_rate(dir.path(), sizes.fsyncs)?),
-    );
+    let fsyncs = fsync_rounds(dir.path(), sizes.fsyncs)?;
+    out.insert(Fig::Fsync, Sample::alone(fsyncs.rate));
+    out.insert(Fig::FsyncP99, Sample::new(fsyncs.p99_ms, fsyncs.p50_ms));
     let with = seq_write(&dir.path().join("with-fsync"), sizes.seq_mib, true)?;
     let without = seq_write(&dir.path().join("without-fsync"), sizes.seq_mib, false)?;
     out.insert(Fig::SeqWrite, Sample::new(with, without));
@@ -138,17 +137,35 @@ fn sha_rate(mib: usize) -> f64 {
     mib as f64 / s
 }
 
-/// fsyncs per second: `rounds` times a 4 KiB write and an fsync of the file.
-fn fsync_rate(dir: &Path, rounds: usize) -> Result<f64> {
+/// What `rounds` times a 4 KiB write and an fsync of the file showed.
+struct Fsyncs {
+    /// Rounds per second.
+    rate: f64,
+    /// The fsyncs' median and 99th percentile, ms: what one store commit waits for.
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn fsync_rounds(dir: &Path, rounds: usize) -> Result<Fsyncs> {
     let mut f = std::fs::File::create(dir.join("fsync"))?;
     let mut block = [0u8; 4096];
     fill_noise(&mut block, 2);
+    let mut each = Vec::with_capacity(rounds);
     let t = Instant::now();
     for _ in 0..rounds {
         f.write_all(&block)?;
+        let synced = Instant::now();
         f.sync_all()?;
+        each.push(synced.elapsed().as_secs_f64() * 1000.0);
     }
-    Ok(rounds as f64 / t.elapsed().as_secs_f64())
+    let rate = rounds as f64 / t.elapsed().as_secs_f64();
+    let each = super::stats::sorted(each);
+    let at = |p| super::stats::percentile(&each, p).unwrap_or(0.0);
+    Ok(Fsyncs {
+        rate,
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+    })
 }
 
 /// MiB/s writing `mib` MiB to `path` in 1 MiB writes, with or without a final fsync.

@@ -112,7 +112,12 @@ pub fn rows(runs: &[RunFigures], sizes: &Sizes) -> Vec<Row> {
                 .flatten()
                 .map(|c| hint(&c));
             let note = match f {
-                Fig::Surface(..) if this.spread.is_none() => Some("not instrumented".to_owned()),
+                Fig::Surface(..)
+                    if this.spread.is_none()
+                        && sizes.phases.contains(&crate::bench::Phase::Latency) =>
+                {
+                    Some("not instrumented".to_owned())
+                }
                 _ if this.spread.is_none() => Some("not measured".to_owned()),
                 _ => None,
             };

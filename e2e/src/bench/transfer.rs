@@ -47,14 +47,21 @@ impl<'a> Transfers<'a> {
         })
     }
 
-    /// Inbound and outbound, plain and encrypted; `seed` makes this run's files its own.
-    pub async fn measure(&self, seed: u64) -> Result<RunFigures> {
+    /// Inbound and outbound (those asked for), plain and encrypted; `seed` makes this run's
+    /// files its own.
+    pub async fn measure(&self, seed: u64, inbound: bool, outbound: bool) -> Result<RunFigures> {
         let mut out = RunFigures::new();
-        for (i, room) in [Room::Plain, Room::Encrypted].into_iter().enumerate() {
+        let rooms = |wanted: bool| {
+            [Room::Plain, Room::Encrypted]
+                .into_iter()
+                .filter(move |_| wanted)
+                .enumerate()
+        };
+        for (i, room) in rooms(inbound) {
             super::note(&format!("inbound {}", room.as_str()));
             out.extend(self.inbound(room, seed * 10 + i as u64).await?);
         }
-        for (i, room) in [Room::Plain, Room::Encrypted].into_iter().enumerate() {
+        for (i, room) in rooms(outbound) {
             super::note(&format!("outbound {}", room.as_str()));
             out.extend(self.outbound(room, seed * 10 + 5 + i as u64).await?);
         }
