@@ -60,9 +60,9 @@ impl Transfers<'_> {
                 Upload::Encrypted(s.alice.upload_encrypted(&bytes).await?)
             }
         };
-        // Synapse serves its first big download more slowly than the next ones (its process
-        // grows into the work), and curl's downloads come after the surface's: one untimed
-        // download first, so that neither pays for it.
+        // The surface's download used to be the first of a fresh upload, curl's the second and
+        // third: one untimed download first puts them on the same footing (whatever a first
+        // serving costs Synapse, nobody's figure pays it).
         let warm = self.scratch(&format!("warm-{name}"));
         self.curl.download(upload.mxc(), &warm, false).await?;
         std::fs::remove_file(&warm)?;
