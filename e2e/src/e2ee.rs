@@ -440,19 +440,12 @@ impl E2eeUser {
             .await
             .context("set display name")?;
         let me = UserId::parse(&self.user_id)?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            let r = self.room(room)?;
-            if let Ok(Some(m)) = r.get_member_no_sync(&me).await
-                && m.display_name() == Some(name)
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{room} did not show the name {name:?} within {timeout:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("the name {name:?} in {room}");
+        self.wait_for(timeout, &what, || async {
+            let member = self.room(room).ok()?.get_member_no_sync(&me).await.ok()??;
+            (member.display_name() == Some(name)).then_some(())
+        })
+        .await
     }
 
     /// Sends a plain text message (encrypted in an encrypted room) and returns its event id.

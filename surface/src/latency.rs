@@ -2,9 +2,9 @@
 //! response in matrix-sdk's hands to the turn's frame at the agent (`sync_to_agent`), the part of
 //! it spent inside matrix-sdk before our code sees the events (`sdk_sync`: parsing, decryption, its
 //! stores; of it, `sdk_crypto` in the crypto machine's per-sync work and `sdk_state` saving the
-//! state store, each a store transaction whose commit is an fsync) and the rest, the surface's own (`surface_sync`; of it, `surface_journal` until the
-//! journal's commit and `surface_lane` from there to the frame), and from an agent message to
-//! the post it causes (`agent_to_send`).
+//! state store, each a store transaction whose commit is an fsync) and the rest, the surface's
+//! own (`surface_sync`; of it, `surface_journal` until the journal's commit and `surface_lane`
+//! from there to the frame), and from an agent message to the post it causes (`agent_to_send`).
 //! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
 //! recorded unless that target is enabled.
 //!

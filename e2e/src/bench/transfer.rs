@@ -51,17 +51,18 @@ impl<'a> Transfers<'a> {
     /// files its own.
     pub async fn measure(&self, seed: u64, inbound: bool, outbound: bool) -> Result<RunFigures> {
         let mut out = RunFigures::new();
-        let rooms = |wanted: bool| {
-            [Room::Plain, Room::Encrypted]
-                .into_iter()
-                .filter(move |_| wanted)
-                .enumerate()
+        let rooms = |wanted: bool| -> &[Room] {
+            if wanted {
+                &[Room::Plain, Room::Encrypted]
+            } else {
+                &[]
+            }
         };
-        for (i, room) in rooms(inbound) {
+        for (i, &room) in rooms(inbound).iter().enumerate() {
             super::note(&format!("inbound {}", room.as_str()));
             out.extend(self.inbound(room, seed * 10 + i as u64).await?);
         }
-        for (i, room) in rooms(outbound) {
+        for (i, &room) in rooms(outbound).iter().enumerate() {
             super::note(&format!("outbound {}", room.as_str()));
             out.extend(self.outbound(room, seed * 10 + 5 + i as u64).await?);
         }
