@@ -130,6 +130,8 @@ pub enum Fig {
     InboundCpu(Room),
     /// Cores the whole machine kept busy during the inbound transfer (comparator: its cores).
     InboundMachine(Room),
+    /// Cores Synapse kept busy serving the surface's download (comparator: serving curl's).
+    InboundSynapse(Room),
     /// The same, next to curl download + fsync.
     InboundFsync(Room),
     /// The surface's peak RSS growth during the inbound transfer, MiB (comparator: curl's peak).
@@ -203,6 +205,7 @@ impl Fig {
                 Fig::InboundNotice(room),
                 Fig::InboundCpu(room),
                 Fig::InboundMachine(room),
+                Fig::InboundSynapse(room),
                 Fig::InboundRss(room),
             ]);
         }
@@ -249,6 +252,7 @@ impl Fig {
                 Fig::InboundRss(_)
                     | Fig::OutboundRss(_)
                     | Fig::InboundCpu(_)
+                    | Fig::InboundSynapse(_)
                     | Fig::OutboundCpu(_)
                     | Fig::OneRoomSending
                     | Fig::RoomsSending
@@ -299,6 +303,13 @@ impl Fig {
                 format!("inbound {}: machine busy", r.as_str()),
                 "cores",
                 "cores",
+                None,
+            ),
+            Fig::InboundSynapse(r) => s(
+                format!("inbound_{}_synapse_cores", r.as_str()),
+                format!("inbound {}: Synapse serving", r.as_str()),
+                "cores",
+                "for curl",
                 None,
             ),
             Fig::InboundRss(r) => s(

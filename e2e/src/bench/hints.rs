@@ -44,6 +44,31 @@ impl Busy {
     }
 }
 
+/// Cores Synapse can keep busy serving media: one Python process, whose threads take turns
+/// holding its interpreter lock (the GIL), gets about one core; from this much on it is taken
+/// to be at its limit.
+const SYNAPSE_LIMIT: f64 = 0.85;
+
+impl Busy {
+    /// The hint when Synapse, serving the download, was at its limit (and the processor was
+    /// not): its pace is the surface's. `for_curl` is Synapse's cores while serving curl.
+    fn synapse_bound(&self, for_curl: Option<f64>) -> Option<String> {
+        if self.synapse < SYNAPSE_LIMIT {
+            return None;
+        }
+        let curl = for_curl.map_or(String::new(), |c| format!(" ({c:.2} while serving curl's)"));
+        let idle = self.machine.map_or(String::new(), |m| {
+            format!(", {:.2} of {:.0} cores idle", (self.of - m).max(0.0), self.of)
+        });
+        Some(format!(
+            "Synapse is at its limit: it kept {:.2} cores busy serving the surface's download{curl}, \
+             about all one Python process gets (its threads take turns holding the GIL); the \
+             surface {:.2} cores{idle}",
+            self.synapse, self.surface
+        ))
+    }
+}
+
 /// The figures a hint weighs, taken from the medians.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Clue {
@@ -61,6 +86,8 @@ pub enum Clue {
         sha: Option<f64>,
         /// The processor during the transfer.
         busy: Option<Busy>,
+        /// Synapse's cores while serving curl's download.
+        synapse_for_curl: Option<f64>,
     },
     /// Upload of the agent's file, times in seconds.
     Outbound {
@@ -158,6 +185,7 @@ pub fn hint(clue: &Clue) -> String {
             curl_fsync,
             sha,
             busy,
+            synapse_for_curl,
         } => {
             // An encrypted file costs what curl never does: the ciphertext's SHA-256 (the
             // integrity check) and its decryption. The hash's share of the surface's cores, when
@@ -171,7 +199,10 @@ pub fn hint(clue: &Clue) -> String {
                 ),
                 _ => String::new(),
             };
-            if let Some(h) = busy.as_ref().and_then(Busy::saturated) {
+            if let Some(h) = busy.as_ref().and_then(|b| {
+                b.saturated()
+                    .or_else(|| b.synapse_bound(synapse_for_curl))
+            }) {
                 return format!("{h}{hash_share}");
             }
             let t = 1.0 / this;
@@ -393,6 +424,7 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             curl_fsync: other(Fig::InboundFsync(room)),
             sha,
             busy: busy(Fig::InboundCpu(room), Fig::InboundMachine(room)),
+            synapse_for_curl: other(Fig::InboundSynapse(room)),
         },
         Fig::Outbound(room) => Clue::Outbound {
             encrypted: room == Room::Encrypted,
@@ -479,6 +511,7 @@ mod tests {
             curl_fsync,
             sha,
             busy: None,
+            synapse_for_curl: None,
         }
     }
 
@@ -560,6 +593,7 @@ mod tests {
                     curl_fsync: None,
                     sha: Some(520.0),
                     busy: None,
+                    synapse_for_curl: None,
                 },
                 "hashing the ciphertext keeps pace with it: SHA-256 runs at 520 MiB/s",
             ),
@@ -576,11 +610,33 @@ mod tests {
                         of: 2.0,
                         machine: Some(1.6),
                     }),
+                    synapse_for_curl: None,
                 },
                 "durability: 1.17× curl+fsync, the file is on the disk when the download ends \
                  (written out during it), curl's without fsync still in memory; the \
                  ciphertext's SHA-256 check, which curl does not do, takes 0.35 of the \
                  surface's 0.90 cores (SHA-256 runs at 2000 MiB/s here)",
+            ),
+            // Synapse at its one core, the machine not saturated: Synapse sets the pace, whatever
+            // curl+fsync says.
+            (
+                Clue::Inbound {
+                    encrypted: false,
+                    this: 350.0,
+                    curl: 390.0,
+                    curl_fsync: Some(290.0),
+                    sha: Some(2000.0),
+                    busy: Some(Busy {
+                        surface: 0.37,
+                        synapse: 0.91,
+                        of: 2.0,
+                        machine: Some(1.35),
+                    }),
+                    synapse_for_curl: Some(0.95),
+                },
+                "Synapse is at its limit: it kept 0.91 cores busy serving the surface's download \
+                 (0.95 while serving curl's), about all one Python process gets (its threads take \
+                 turns holding the GIL); the surface 0.37 cores, 0.65 of 2 cores idle",
             ),
             (
                 outbound(5.0, Some(1.0)),

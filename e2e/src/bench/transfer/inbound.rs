@@ -98,7 +98,9 @@ impl Transfers<'_> {
 
         let out = self.scratch(&format!("curl-{name}"));
         self.prime().await?;
+        let curl_cpu = CpuWindow::open(s.stack.surface.pid())?;
         let plain = self.curl.download(&mxc, &out, false).await?;
+        let curl_cores = curl_cpu.cores()?;
         check_len(&out, self.size)?;
         std::fs::remove_file(&out)?;
         self.prime().await?;
@@ -119,6 +121,13 @@ impl Transfers<'_> {
             (Fig::InboundNotice(room), Sample::alone(notice_ms)),
             (Fig::InboundCpu(room), cores.sample()),
             (Fig::InboundMachine(room), cores.machine_sample()),
+            (
+                Fig::InboundSynapse(room),
+                Sample {
+                    this: cores.synapse,
+                    other: curl_cores.synapse,
+                },
+            ),
             (
                 Fig::InboundRss(room),
                 Sample::new(rss, plain.peak_rss_kib as f64 / 1024.0),
