@@ -51,12 +51,21 @@ const SYNAPSE_LIMIT: f64 = 0.85;
 
 impl Busy {
     /// The hint when Synapse, serving the download, was at its limit (and the processor was
-    /// not): its pace is the surface's. `for_curl` is Synapse's cores while serving curl.
-    fn synapse_bound(&self, for_curl: Option<f64>) -> Option<String> {
+    /// not): its pace is the surface's. `for_curl` is Synapse's cores while serving curl; with
+    /// both rates (MiB/s) it gives what a GiB cost Synapse for each.
+    fn synapse_bound(&self, for_curl: Option<f64>, this: f64, curl: f64) -> Option<String> {
         if self.synapse < SYNAPSE_LIMIT {
             return None;
         }
-        let curl = for_curl.map_or(String::new(), |c| format!(" ({c:.2} while serving curl's)"));
+        let per_gib = |cores: f64, rate: f64| 1024.0 * cores / rate;
+        let curl = for_curl.map_or(String::new(), |c| {
+            format!(
+                " ({c:.2} while serving curl's; {:.1} CPU seconds per GiB for the surface, {:.1} \
+                 for curl)",
+                per_gib(self.synapse, this),
+                per_gib(c, curl)
+            )
+        });
         let idle = self.machine.map_or(String::new(), |m| {
             format!(", {:.2} of {:.0} cores idle", (self.of - m).max(0.0), self.of)
         });
@@ -201,7 +210,7 @@ pub fn hint(clue: &Clue) -> String {
             };
             if let Some(h) = busy.as_ref().and_then(|b| {
                 b.saturated()
-                    .or_else(|| b.synapse_bound(synapse_for_curl))
+                    .or_else(|| b.synapse_bound(synapse_for_curl, this, curl))
             }) {
                 return format!("{h}{hash_share}");
             }
@@ -635,8 +644,9 @@ mod tests {
                     synapse_for_curl: Some(0.95),
                 },
                 "Synapse is at its limit: it kept 0.91 cores busy serving the surface's download \
-                 (0.95 while serving curl's), about all one Python process gets (its threads take \
-                 turns holding the GIL); the surface 0.37 cores, 0.65 of 2 cores idle",
+                 (0.95 while serving curl's; 2.7 CPU seconds per GiB for the surface, 2.5 for \
+                 curl), about all one Python process gets (its threads take turns holding the \
+                 GIL); the surface 0.37 cores, 0.65 of 2 cores idle",
             ),
             (
                 outbound(5.0, Some(1.0)),
