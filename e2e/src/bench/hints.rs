@@ -67,7 +67,11 @@ impl Busy {
             )
         });
         let idle = self.machine.map_or(String::new(), |m| {
-            format!(", {:.2} of {:.0} cores idle", (self.of - m).max(0.0), self.of)
+            format!(
+                ", {:.2} of {:.0} cores idle",
+                (self.of - m).max(0.0),
+                self.of
+            )
         });
         Some(format!(
             "Synapse is at its limit: it kept {:.2} cores busy serving the surface's download{curl}, \
