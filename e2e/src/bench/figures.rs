@@ -130,8 +130,9 @@ pub enum Fig {
     InboundCpu(Room),
     /// Cores the whole machine kept busy during the inbound transfer (comparator: its cores).
     InboundMachine(Room),
-    /// Cores Synapse kept busy serving the surface's download (comparator: serving curl's).
-    InboundSynapse(Room),
+    /// Cores Synapse kept busy serving curl's download (the comparator of [`Fig::InboundCpu`]
+    /// is its cores while serving the surface's).
+    InboundSynapseCurl(Room),
     /// The same, next to curl download + fsync.
     InboundFsync(Room),
     /// The surface's peak RSS growth during the inbound transfer, MiB (comparator: curl's peak).
@@ -205,7 +206,7 @@ impl Fig {
                 Fig::InboundNotice(room),
                 Fig::InboundCpu(room),
                 Fig::InboundMachine(room),
-                Fig::InboundSynapse(room),
+                Fig::InboundSynapseCurl(room),
                 Fig::InboundRss(room),
             ]);
         }
@@ -252,7 +253,7 @@ impl Fig {
                 Fig::InboundRss(_)
                     | Fig::OutboundRss(_)
                     | Fig::InboundCpu(_)
-                    | Fig::InboundSynapse(_)
+                    | Fig::InboundSynapseCurl(_)
                     | Fig::OutboundCpu(_)
                     | Fig::OneRoomSending
                     | Fig::RoomsSending
@@ -305,11 +306,11 @@ impl Fig {
                 "cores",
                 None,
             ),
-            Fig::InboundSynapse(r) => s(
-                format!("inbound_{}_synapse_cores", r.as_str()),
-                format!("inbound {}: Synapse serving", r.as_str()),
+            Fig::InboundSynapseCurl(r) => s(
+                format!("inbound_{}_synapse_cores_for_curl", r.as_str()),
+                format!("inbound {}: Synapse for curl", r.as_str()),
                 "cores",
-                "for curl",
+                "",
                 None,
             ),
             Fig::InboundRss(r) => s(

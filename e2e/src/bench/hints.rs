@@ -21,6 +21,11 @@ pub struct Busy {
     pub machine: Option<f64>,
 }
 
+/// Cores Synapse can keep busy serving media: one Python process, whose threads take turns
+/// holding its interpreter lock (the GIL), gets about one core; from this much on it is taken
+/// to be at its limit.
+const SYNAPSE_LIMIT: f64 = 0.85;
+
 impl Busy {
     /// The hint when the machine (or, unmeasured, the two) kept (nearly) every core busy.
     fn saturated(&self) -> Option<String> {
@@ -42,14 +47,7 @@ impl Busy {
             _ => None,
         }
     }
-}
 
-/// Cores Synapse can keep busy serving media: one Python process, whose threads take turns
-/// holding its interpreter lock (the GIL), gets about one core; from this much on it is taken
-/// to be at its limit.
-const SYNAPSE_LIMIT: f64 = 0.85;
-
-impl Busy {
     /// The hint when Synapse, serving the download, was at its limit (and the processor was
     /// not): its pace is the surface's. `for_curl` is Synapse's cores while serving curl; with
     /// both rates (MiB/s) it gives what a GiB cost Synapse for each.
@@ -437,7 +435,7 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             curl_fsync: other(Fig::InboundFsync(room)),
             sha,
             busy: busy(Fig::InboundCpu(room), Fig::InboundMachine(room)),
-            synapse_for_curl: other(Fig::InboundSynapse(room)),
+            synapse_for_curl: this(Fig::InboundSynapseCurl(room)),
         },
         Fig::Outbound(room) => Clue::Outbound {
             encrypted: room == Room::Encrypted,

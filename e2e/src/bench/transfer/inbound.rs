@@ -122,10 +122,10 @@ impl Transfers<'_> {
             (Fig::InboundCpu(room), cores.sample()),
             (Fig::InboundMachine(room), cores.machine_sample()),
             (
-                Fig::InboundSynapse(room),
+                Fig::InboundSynapseCurl(room),
                 Sample {
-                    this: cores.synapse,
-                    other: curl_cores.synapse,
+                    this: curl_cores.synapse,
+                    other: None,
                 },
             ),
             (
