@@ -1,6 +1,6 @@
 //! A Matrix user speaking end-to-end encryption through matrix-sdk itself, as Element users do:
 //! its own device and crypto store, encrypted DMs, and a record of every message it sees after
-//! decryption.
+//! decryption (and of the typing notices).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,7 @@ use matrix_sdk::ruma::api::client::room::create_room::v3::{
     Request as CreateRoomRequest, RoomPreset,
 };
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
+use matrix_sdk::ruma::events::receipt::{ReceiptThread, ReceiptType};
 use matrix_sdk::ruma::events::room::encrypted::SyncRoomEncryptedEvent;
 use matrix_sdk::ruma::events::room::encryption::RoomEncryptionEventContent;
 use matrix_sdk::ruma::events::room::member::MembershipState;
@@ -26,6 +27,7 @@ use matrix_sdk::ruma::events::room::message::{
     Relation, RoomMessageEventContent, TextMessageEventContent,
 };
 use matrix_sdk::ruma::events::room::{EncryptedFile, MediaSource};
+use matrix_sdk::ruma::events::typing::SyncTypingEvent;
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent, InitialStateEvent};
 use matrix_sdk::ruma::{EventEncryptionAlgorithm, EventId, RoomId, UInt, UserId};
 use matrix_sdk::store::RoomLoadSettings;
@@ -155,6 +157,8 @@ struct Recorder {
     rooms: std::collections::BTreeMap<String, Vec<Seen>>,
     /// How many undecryptable events the sync ever delivered (also those decrypted later).
     undecryptable_seen: usize,
+    /// Per room, every typing notice the sync delivered: who was typing, in arrival order.
+    typing: std::collections::BTreeMap<String, Vec<Vec<String>>>,
 }
 
 /// Aborts the sync task when dropped.
@@ -313,6 +317,19 @@ impl E2eeUser {
                         event_id: ev.event_id().to_string(),
                         sender: ev.sender().to_string(),
                     });
+            }
+        });
+
+        let rec = recorder.clone();
+        client.add_event_handler(move |ev: SyncTypingEvent, room: Room| {
+            let rec = rec.clone();
+            async move {
+                let who = ev.content.user_ids.iter().map(|u| u.to_string()).collect();
+                let mut r = rec.lock().expect("recorder lock");
+                r.typing
+                    .entry(room.room_id().to_string())
+                    .or_default()
+                    .push(who);
             }
         });
 
@@ -620,6 +637,23 @@ impl E2eeUser {
                 Seen::Message(_) => None,
             })
             .collect()
+    }
+
+    /// Every typing notice this user's sync delivered for `room`, oldest first: the users
+    /// typing at that moment (an empty list: nobody).
+    pub fn typing_seen(&self, room: &str) -> Vec<Vec<String>> {
+        let r = self.recorder.lock().expect("recorder lock");
+        r.typing.get(room).cloned().unwrap_or_default()
+    }
+
+    /// The event `user`'s read receipt in `room` points at, as this user's client knows it.
+    pub async fn read_receipt_of(&self, room: &str, user: &str) -> Result<Option<String>> {
+        let user = UserId::parse(user)?;
+        let receipt = self
+            .room(room)?
+            .load_user_receipt(ReceiptType::Read, ReceiptThread::Unthreaded, &user)
+            .await?;
+        Ok(receipt.map(|(event_id, _)| event_id.to_string()))
     }
 
     /// How many undecryptable events the sync ever delivered, in any room (also those whose

@@ -3,7 +3,8 @@
 //! reaches the recipient only later.
 //!
 //! It can also break `/messages` requests for a while, as a homeserver restarting in the
-//! middle of a backfill does. Everything else passes unchanged. Bodies are buffered, which is fine for JSON and the small
+//! middle of a backfill does, and make room sends slow, as a homeserver busy with a burst does.
+//! It counts the requests it saw by method and path. Everything else passes unchanged. Bodies are buffered, which is fine for JSON and the small
 //! media of tests.
 
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,10 @@ struct Mode {
     fail_messages_until: Option<std::time::Instant>,
     /// `/messages` requests broken so far.
     failed_messages: usize,
+    /// How long a room send (`PUT /rooms/{id}/send/...`) is held before it is forwarded.
+    send_delay: Duration,
+    /// Every request seen: method and path (without the query).
+    seen: Vec<(Method, String)>,
 }
 
 #[derive(Debug)]
@@ -107,6 +112,21 @@ impl KeyProxy {
     /// How many `/messages` requests were broken.
     pub fn failed_messages(&self) -> usize {
         self.inner.mode.lock().expect("proxy lock").failed_messages
+    }
+
+    /// From now on, every room send waits `delay` before it reaches the homeserver (zero:
+    /// none), as behind a homeserver that is slow to take messages.
+    pub fn delay_sends(&self, delay: Duration) {
+        self.inner.mode.lock().expect("proxy lock").send_delay = delay;
+    }
+
+    /// How many `method` requests whose path contains `fragment` the proxy has seen.
+    pub fn requests(&self, method: &str, fragment: &str) -> usize {
+        let mode = self.inner.mode.lock().expect("proxy lock");
+        mode.seen
+            .iter()
+            .filter(|(m, p)| m.as_str() == method && p.contains(fragment))
+            .count()
     }
 
     /// How many requests are held.
@@ -204,6 +224,20 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
                 .body(Body::from_stream(broken))
                 .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
         }
+    }
+    let send_delay = {
+        let mut mode = inner.mode.lock().expect("proxy lock");
+        let path = parts.uri.path().to_owned();
+        let room_send = parts.method == Method::PUT && path.contains("/send/");
+        mode.seen.push((parts.method.clone(), path));
+        if room_send {
+            mode.send_delay
+        } else {
+            Duration::ZERO
+        }
+    };
+    if !send_delay.is_zero() {
+        tokio::time::sleep(send_delay).await;
     }
     if parts.method == Method::PUT && parts.uri.path().contains(HELD_PATH) {
         let mut mode = inner.mode.lock().expect("proxy lock");

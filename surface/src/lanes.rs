@@ -6,6 +6,7 @@
 mod effects;
 mod inbound;
 mod live;
+mod progress;
 mod turn;
 
 use std::sync::Arc;

@@ -8,6 +8,7 @@ use e2e::e2ee::{E2eeUser, Received};
 use e2e::{Homeserver, Stack, StackOptions};
 
 use crate::TURN;
+use crate::progress::{read_receipt_at, typing_shown_then_taken_down};
 
 /// The bot's first message in the thread of `root`, waited for.
 pub async fn reply_in_thread(user: &E2eeUser, room: &str, bot: &str, root: &str) -> Received {
@@ -71,9 +72,12 @@ async fn elements_first_dm_message_sent_before_the_bot_joins_is_answered() {
         "m.room.encrypted"
     );
 
-    // The conversation goes on normally, and the first message is answered once.
-    let second = alice.send_text(&room, "and a second one").await.unwrap();
+    // The conversation goes on normally, and the first message is answered once. The second
+    // turn is slow: the room the message created shows the bot reading it and typing.
+    let second = alice.send_text(&room, "sleep 1500").await.unwrap();
     reply_in_thread(&alice, &room, &bot, &second).await;
+    typing_shown_then_taken_down(&alice, &room, &bot).await;
+    read_receipt_at(&alice, &room, &bot, &second).await;
     let all = alice.messages_from(&room, &bot).await.unwrap();
     let firsts = all
         .iter()

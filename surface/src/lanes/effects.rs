@@ -1,11 +1,11 @@
 //! How a lane carries out a turn: it feeds what the agent link says into the pure
 //! [`TurnState`] and executes the steps that come out — posts (with transaction ids derived
 //! from the trigger, so a resumed turn posts nothing twice), uploads, prompts and their
-//! timeouts, the typing notice — then marks the turn finished in the journal.
+//! timeouts, the read receipt and typing notice (`progress`) — then marks the turn finished in
+//! the journal.
 
 use std::time::Duration;
 
-use matrix_sdk::Room;
 use matrix_sdk::ruma::OwnedEventId;
 use matrix_sdk::ruma::events::room::message::{
     ReplacementMetadata, RoomMessageEventContent, RoomMessageEventContentWithoutRelation,
@@ -15,11 +15,11 @@ use protocol::{
     ApprovalDecision, ApprovalRequest, AskUser, Decision as ApprovalChoice, DeliveryResult,
     SendFile, ToAgent, UserMessage,
 };
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, instrument, warn};
 
 use super::Lane;
 use super::live::{self, Live, LiveStep};
+use super::progress::{self, Progress, RoomSignals};
 use super::turn::{Input, Outcome, Step, TurnState};
 use crate::agent_link::LinkEvent;
 use crate::media;
@@ -54,6 +54,8 @@ pub(super) struct Turn {
     live_text: String,
     /// When the last agent message arrived (for the latency log).
     since: tokio::time::Instant,
+    /// Tells the read receipt and typing notice when the turn posts and when it is over.
+    progress: Progress,
 }
 
 impl Lane {
@@ -66,12 +68,12 @@ impl Lane {
             let _ = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq);
             return;
         };
-        let typing = CancellationToken::new();
-        self.ctx.tracker.spawn(show_progress(
-            self.room.clone(),
-            target.event_id.clone(),
-            typing.clone(),
-        ));
+        let (progress, activity) = Progress::start();
+        let signals = RoomSignals {
+            room: self.room.clone(),
+            trigger: target.event_id.clone(),
+        };
+        self.ctx.tracker.spawn(progress::show(signals, activity));
         let mut turn = Turn {
             target,
             turn: msg.id.clone(),
@@ -81,6 +83,7 @@ impl Lane {
             live: Live::default(),
             live_text: String::new(),
             since: tokio::time::Instant::now(),
+            progress,
         };
         let mut state = TurnState::new(&msg.id, msg.seq, self.ctx.config.show_tool_calls);
         // While recovering, a fixed deadline: reconnects of the link must not extend it, or a
@@ -127,7 +130,7 @@ impl Lane {
                 }
             }
         };
-        typing.cancel();
+        turn.progress.over();
         self.ctx.waits.turn_over(&turn.turn);
         match outcome {
             Outcome::Ended => {}
@@ -215,9 +218,11 @@ impl Lane {
                     render::safe_markdown(&shown).msgtype,
                 )
                 .make_replacement(ReplacementMetadata::new(id, None));
+                let posting = turn.progress.posting();
                 let wait = send::try_once(&self.room, edit, "answer-progress")
                     .await
                     .err();
+                drop(posting);
                 turn.live.shown(now, chars, pace, wait.flatten());
                 turn.live_text = shown;
             }
@@ -263,7 +268,10 @@ impl Lane {
             about: Some(&target.event_id),
             purpose,
         };
-        match send::post(&self.ctx, &self.room, content, out).await {
+        let posting = turn.progress.posting();
+        let posted = send::post(&self.ctx, &self.room, content, out).await;
+        drop(posting);
+        match posted {
             Ok(id) => Some(id),
             Err(PostError::Refused(r)) => {
                 send::report_refusal(&self.ctx, &self.room, out, Some(&target), &r).await;
@@ -442,44 +450,5 @@ impl Lane {
                 warn!(error = %e, "could not post the timeout notice");
             }
         });
-    }
-}
-
-/// Marks the trigger read, so the user sees it was taken up.
-async fn read_receipt(room: Room, event_id: OwnedEventId) {
-    use matrix_sdk::ruma::api::client::receipt::create_receipt::v3::ReceiptType;
-    use matrix_sdk::ruma::events::receipt::ReceiptThread;
-    if let Err(e) = room
-        .send_single_receipt(ReceiptType::Read, ReceiptThread::Unthreaded, event_id)
-        .await
-    {
-        debug!(error = %e, "read receipt failed");
-    }
-}
-
-/// A turn shorter than this shows no read receipt and no typing notice: its answer is on its
-/// way (and posting it marks the trigger read anyway). Each of them is a request the homeserver
-/// serves and a wake-up for every member's sync.
-const PROGRESS_AFTER: Duration = Duration::from_millis(700);
-
-/// Once the turn has taken [`PROGRESS_AFTER`]: marks the trigger read and shows the typing
-/// notice, keeps it up until `stop`, then takes it down.
-async fn show_progress(room: Room, trigger: OwnedEventId, stop: CancellationToken) {
-    tokio::select! {
-        _ = stop.cancelled() => return,
-        _ = tokio::time::sleep(PROGRESS_AFTER) => {}
-    }
-    read_receipt(room.clone(), trigger).await;
-    loop {
-        if let Err(e) = room.typing_notice(true).await {
-            debug!(error = %e, "typing notice failed");
-        }
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(Duration::from_secs(3)) => {}
-        }
-    }
-    if let Err(e) = room.typing_notice(false).await {
-        debug!(error = %e, "typing notice failed");
     }
 }
