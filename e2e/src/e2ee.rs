@@ -19,6 +19,7 @@ use matrix_sdk::ruma::api::client::room::create_room::v3::{
 };
 use matrix_sdk::ruma::api::client::sync::sync_events::v3::Filter;
 use matrix_sdk::ruma::events::receipt::{ReceiptThread, ReceiptType};
+use matrix_sdk::ruma::events::relation::Thread;
 use matrix_sdk::ruma::events::room::encrypted::SyncRoomEncryptedEvent;
 use matrix_sdk::ruma::events::room::encryption::RoomEncryptionEventContent;
 use matrix_sdk::ruma::events::room::member::MembershipState;
@@ -472,6 +473,20 @@ impl E2eeUser {
             .send(RoomMessageEventContent::text_plain(text))
             .await
             .with_context(|| format!("send text to {room}"))?;
+        Ok(sent.response.event_id.to_string())
+    }
+
+    /// Sends a plain text message in the thread of `root` (as Element's thread panel does)
+    /// and returns its event id.
+    pub async fn send_in_thread(&self, room: &str, root: &str, text: &str) -> Result<String> {
+        let root = EventId::parse(root)?;
+        let mut content = RoomMessageEventContent::text_plain(text);
+        content.relates_to = Some(Relation::Thread(Thread::plain(root.clone(), root)));
+        let sent = self
+            .room(room)?
+            .send(content)
+            .await
+            .with_context(|| format!("send text to a thread in {room}"))?;
         Ok(sent.response.event_id.to_string())
     }
 

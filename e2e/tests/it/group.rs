@@ -10,9 +10,9 @@ use matrix_sdk::ruma::api::client::room::create_room::v3::{
     Request as CreateRoomRequest, RoomPreset,
 };
 use matrix_sdk::ruma::events::reaction::ReactionEventContent;
-use matrix_sdk::ruma::events::relation::{Annotation, Thread};
+use matrix_sdk::ruma::events::relation::Annotation;
 use matrix_sdk::ruma::events::room::encryption::RoomEncryptionEventContent;
-use matrix_sdk::ruma::events::room::message::{Relation, RoomMessageEventContent};
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::ruma::events::{InitialStateEvent, Mentions};
 use matrix_sdk::ruma::{EventEncryptionAlgorithm, OwnedEventId, OwnedRoomId, OwnedUserId};
 
@@ -90,11 +90,9 @@ impl Group {
 
     /// `text` from `user` in the thread of `root`.
     async fn in_thread(&self, user: &E2eeUser, root: &str, text: &str) -> String {
-        let root = OwnedEventId::try_from(root).unwrap();
-        let mut content = RoomMessageEventContent::text_plain(text);
-        content.relates_to = Some(Relation::Thread(Thread::plain(root.clone(), root)));
-        let sent = self.room_of(user).send(content).await.expect("send");
-        sent.response.event_id.to_string()
+        user.send_in_thread(&self.room, root, text)
+            .await
+            .expect("send")
     }
 
     /// The first bot message answering `id` (in its thread) that `pick` accepts.

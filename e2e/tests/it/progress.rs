@@ -2,7 +2,8 @@
 //! client: a slow turn marks the message read and shows the bot typing, and takes the notice
 //! down when it is done; a quick turn whose answer waits behind a slow homeserver shows
 //! neither (under a burst, those three requests per message cost a fifth of the throughput,
-//! and the answer says the message was read). The surface talks to Synapse through a proxy
+//! and the answer says the message was read), and neither does a turn waiting for the user's
+//! answer to its question. The surface talks to Synapse through a proxy
 //! that can slow room sends and counts the surface's requests.
 
 use std::time::Duration;
@@ -55,10 +56,40 @@ async fn a_slow_turn_shows_typing_and_a_quick_one_behind_a_slow_homeserver_does_
     reply_in_thread(&user, &room, &bot, &slow).await;
     let seen = typing_shown_then_taken_down(&user, &room, &bot).await;
     let read = read_receipt_at(&user, &room, &bot, &slow).await;
-    let (typing, receipts) = signals(&proxy);
+    let slow_turn = signals(&proxy);
+
+    // A question: while the turn waits for the user's answer, the bot is not typing.
+    let asked = user
+        .send_text(&room, "ask favourite colour?")
+        .await
+        .unwrap();
+    let question = reply_in_thread(&user, &room, &bot, &asked).await;
+    assert!(question.body.contains("Question"), "{question:?}");
+    // Not synchronisation: a window in which a notice would have gone out (quiet for 700 ms).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        signals(&proxy),
+        slow_turn,
+        "no typing notice (and no receipt) while the bot waits for the user"
+    );
+    user.send_in_thread(&room, &asked, "blue").await.unwrap();
+    user.wait_for(TURN, "the echoed answer", || async {
+        let all = user.messages_from(&room, &bot).await.ok()?;
+        all.into_iter()
+            .find(|m| m.answers() == Some(asked.as_str()) && m.body.contains("You answered"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        signals(&proxy),
+        slow_turn,
+        "answered quickly: nothing shown"
+    );
+
+    let (typing, receipts) = slow_turn;
     println!(
         "progress: quick_turn_behind_slow_sends typing=0 receipts=0; slow_turn typing_requests={typing} \
-         receipts={receipts} typing_states_seen={seen} read_at_trigger={read}"
+         receipts={receipts} typing_states_seen={seen} read_at_trigger={read}; question_wait typing=0"
     );
     assert!(typing >= 2, "typing shown and taken down: {typing}");
     assert_eq!(receipts, 1, "one read receipt, for the slow turn");

@@ -104,6 +104,7 @@ impl Lane {
                     Ok(Some(LinkEvent::Disconnected)) => Input::Disconnected,
                     Ok(Some(LinkEvent::Message(m))) => {
                         turn.since = tokio::time::Instant::now();
+                        turn.progress.agent_heard();
                         Input::Message(m)
                     }
                 },
@@ -376,6 +377,7 @@ impl Lane {
         let text = render::approval_prompt(&r, &turn.user);
         let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
         if let Some(prompt) = self.post(turn, content, "approval").await {
+            turn.progress.awaiting_user();
             waits.set_prompt_event(&r.request_id, prompt.as_str());
             prompts::seed_reactions(&self.ctx, &self.room, &prompt).await;
         }
@@ -397,6 +399,7 @@ impl Lane {
         let text = render::question_prompt(&q, &turn.user);
         let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
         if let Some(prompt) = self.post(turn, content, "question").await {
+            turn.progress.awaiting_user();
             self.ctx
                 .waits
                 .set_prompt_event(&q.question_id, prompt.as_str());

@@ -3,8 +3,9 @@
 //! while the surface posts nothing: a turn whose answer is already on its way (posting it
 //! waits behind a busy homeserver) shows neither, as the answer itself says the message was
 //! taken up. Each of them is a request the homeserver serves and a wake-up for every member's
-//! sync, which under a burst of messages cost a fifth of the throughput. [`cue`] decides;
-//! [`show`] executes on a turn's [`Progress`].
+//! sync, which under a burst of messages cost a fifth of the throughput. While the turn waits
+//! for the user (an approval prompt or a question), the bot is not typing either. [`cue`]
+//! decides; [`show`] executes on a turn's [`Progress`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,6 +28,8 @@ pub enum Activity {
     QuietSince(Instant),
     /// A message or an edit is on its way to the homeserver.
     Posting,
+    /// The turn waits for the user's answer to a prompt it posted.
+    AwaitingUser,
     /// The turn is over (or interrupted): take a shown notice down.
     Over,
 }
@@ -34,34 +37,39 @@ pub enum Activity {
 /// What the progress task does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cue {
-    /// Nothing yet; look again at this instant (or when the activity changes).
-    WaitUntil(Instant),
-    /// Nothing while the post goes out; look again when it is done.
-    WaitForPost,
-    /// Mark the trigger read and show the typing notice.
-    Show,
-    /// The turn ended first: show nothing.
+    /// Nothing now; look again at this instant (`None`: only when the activity changes).
+    Wait(Option<Instant>),
+    /// Show the typing notice, or renew it (marking the trigger read the first time).
+    Type,
+    /// Take the typing notice down.
+    StopTyping,
+    /// Nothing more to show: the turn is over and no notice is up.
     Done,
 }
 
-/// Pure: what to do about progress when the turn is at `activity` at `now`.
-pub fn cue(activity: Activity, now: Instant) -> Cue {
-    match activity {
-        Activity::Over => Cue::Done,
-        Activity::Posting => Cue::WaitForPost,
-        Activity::QuietSince(since) => {
-            let due = since + QUIET_BEFORE_PROGRESS;
-            if now >= due {
-                Cue::Show
-            } else {
-                Cue::WaitUntil(due)
-            }
+/// Pure: what to do about progress when the turn is at `activity` at `now`, with the typing
+/// notice last sent at `typing` (`None`: not shown).
+pub fn cue(activity: Activity, now: Instant, typing: Option<Instant>) -> Cue {
+    let due = |at: Instant| {
+        if now >= at {
+            Cue::Type
+        } else {
+            Cue::Wait(Some(at))
         }
+    };
+    match (activity, typing) {
+        (Activity::Over, None) => Cue::Done,
+        (Activity::Over | Activity::AwaitingUser, Some(_)) => Cue::StopTyping,
+        (Activity::AwaitingUser | Activity::Posting, None) => Cue::Wait(None),
+        (Activity::QuietSince(since), None) => due(since + QUIET_BEFORE_PROGRESS),
+        // Once shown, the notice stays up (renewed) while the turn posts or works.
+        (Activity::QuietSince(_) | Activity::Posting, Some(sent)) => due(sent + TYPING_RENEW),
     }
 }
 
-/// A running turn's side of the progress task: it tells the task when the turn posts and
-/// when it is over. Dropping it ends the task too.
+/// A running turn's side of the progress task: it tells the task when the turn posts, when it
+/// waits for the user and when it is over (after which nothing changes it). Dropping it ends
+/// the task too.
 #[derive(Debug)]
 pub struct Progress {
     activity: Arc<watch::Sender<Activity>>,
@@ -73,14 +81,19 @@ pub struct Posting(Arc<watch::Sender<Activity>>);
 
 impl Drop for Posting {
     fn drop(&mut self) {
-        self.0.send_if_modified(|a| {
-            if *a == Activity::Over {
-                return false;
-            }
-            *a = Activity::QuietSince(Instant::now());
-            true
-        });
+        set(&self.0, |_| true, Activity::QuietSince(Instant::now()));
     }
+}
+
+/// Moves the turn to `next` if it is not over and `from` accepts where it is.
+fn set(activity: &watch::Sender<Activity>, from: impl Fn(Activity) -> bool, next: Activity) {
+    activity.send_if_modified(|a| {
+        if *a == Activity::Over || !from(*a) {
+            return false;
+        }
+        *a = next;
+        true
+    });
 }
 
 impl Progress {
@@ -93,8 +106,23 @@ impl Progress {
 
     /// A post is going out until the returned guard is dropped.
     pub fn posting(&self) -> Posting {
-        self.activity.send_replace(Activity::Posting);
+        set(&self.activity, |_| true, Activity::Posting);
         Posting(self.activity.clone())
+    }
+
+    /// The turn posted a prompt and waits for the user's answer.
+    pub fn awaiting_user(&self) {
+        set(&self.activity, |_| true, Activity::AwaitingUser);
+    }
+
+    /// The agent is heard from: a turn that was waiting for the user is at work again.
+    pub fn agent_heard(&self) {
+        let waiting = |a| a == Activity::AwaitingUser;
+        set(
+            &self.activity,
+            waiting,
+            Activity::QuietSince(Instant::now()),
+        );
     }
 
     /// The turn is over.
@@ -138,44 +166,46 @@ impl Signals for RoomSignals {
     }
 }
 
-/// Waits until the turn has been quiet for [`QUIET_BEFORE_PROGRESS`], then marks the trigger
-/// read and keeps the typing notice up until the turn is over; then takes it down.
+/// Runs the turn's progress until it is over: the read receipt and typing notice as [`cue`]
+/// says, the notice taken down at the end.
 pub async fn show<S: Signals>(signals: S, mut activity: watch::Receiver<Activity>) {
+    let mut typing: Option<Instant> = None;
+    let mut read = false;
+    let mut gone = false;
     loop {
         let now = Instant::now();
-        let wake = match cue(*activity.borrow_and_update(), now) {
+        // The turn's side dropped without saying: as over.
+        let current = if gone {
+            Activity::Over
+        } else {
+            *activity.borrow_and_update()
+        };
+        match cue(current, now, typing) {
             Cue::Done => return,
-            Cue::Show => break,
-            Cue::WaitUntil(at) => Some(at),
-            Cue::WaitForPost => None,
-        };
-        let sleep = async {
-            match wake {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
+            Cue::Type => {
+                if !read {
+                    signals.mark_read().await;
+                    read = true;
+                }
+                signals.typing(true).await;
+                typing = Some(Instant::now());
             }
-        };
-        tokio::select! {
-            changed = activity.changed() => if changed.is_err() { return },
-            () = sleep => {}
-        }
-    }
-    signals.mark_read().await;
-    loop {
-        signals.typing(true).await;
-        tokio::select! {
-            () = over(&mut activity) => break,
-            () = tokio::time::sleep(TYPING_RENEW) => {}
-        }
-    }
-    signals.typing(false).await;
-}
-
-/// Returns once the turn is over (or its [`Progress`] is gone).
-async fn over(activity: &mut watch::Receiver<Activity>) {
-    while *activity.borrow_and_update() != Activity::Over {
-        if activity.changed().await.is_err() {
-            return;
+            Cue::StopTyping => {
+                signals.typing(false).await;
+                typing = None;
+            }
+            Cue::Wait(wake) => {
+                let sleep = async {
+                    match wake {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = activity.changed() => gone = changed.is_err(),
+                    () = sleep => {}
+                }
+            }
         }
     }
 }
@@ -187,46 +217,86 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cue_waits_for_quiet_and_never_during_a_post() {
+    fn cue_waits_for_quiet_and_never_during_a_post_or_a_prompt() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let after = QUIET_BEFORE_PROGRESS;
+        let (quiet, renew) = (QUIET_BEFORE_PROGRESS, TYPING_RENEW);
         let cases = [
-            // (activity, now, cue, why)
+            // (activity, now, typing sent at, cue, why)
             (
                 Activity::QuietSince(t0),
                 t0,
-                Cue::WaitUntil(t0 + after),
+                None,
+                Cue::Wait(Some(t0 + quiet)),
                 "a turn just begun waits",
             ),
             (
                 Activity::QuietSince(t0),
-                t0 + after - ms(1),
-                Cue::WaitUntil(t0 + after),
+                t0 + quiet - ms(1),
+                None,
+                Cue::Wait(Some(t0 + quiet)),
                 "not yet quiet long enough",
             ),
             (
                 Activity::QuietSince(t0),
-                t0 + after,
-                Cue::Show,
+                t0 + quiet,
+                None,
+                Cue::Type,
                 "quiet long enough",
             ),
             (
                 Activity::Posting,
                 t0 + ms(5000),
-                Cue::WaitForPost,
+                None,
+                Cue::Wait(None),
                 "a slow post is not the agent's silence",
             ),
             (
                 Activity::QuietSince(t0 + ms(5000)),
                 t0 + ms(5100),
-                Cue::WaitUntil(t0 + ms(5000) + after),
+                None,
+                Cue::Wait(Some(t0 + ms(5000) + quiet)),
                 "the clock starts over when a post is done",
             ),
-            (Activity::Over, t0 + ms(9000), Cue::Done, "over: nothing"),
+            (
+                Activity::QuietSince(t0),
+                t0 + ms(1000),
+                Some(t0 + ms(700)),
+                Cue::Wait(Some(t0 + ms(700) + renew)),
+                "shown: renewed in time",
+            ),
+            (
+                Activity::Posting,
+                t0 + ms(700) + renew,
+                Some(t0 + ms(700)),
+                Cue::Type,
+                "shown: stays up while the answer posts",
+            ),
+            (
+                Activity::AwaitingUser,
+                t0 + ms(9000),
+                Some(t0 + ms(8000)),
+                Cue::StopTyping,
+                "not typing while the user is asked",
+            ),
+            (
+                Activity::AwaitingUser,
+                t0 + ms(90_000),
+                None,
+                Cue::Wait(None),
+                "waiting for the user shows nothing, however long",
+            ),
+            (
+                Activity::Over,
+                t0 + ms(9000),
+                Some(t0 + ms(8000)),
+                Cue::StopTyping,
+                "over: the notice comes down",
+            ),
+            (Activity::Over, t0 + ms(9000), None, Cue::Done, "over: done"),
         ];
-        for (activity, now, want, why) in cases {
-            assert_eq!(cue(activity, now), want, "{why}");
+        for (activity, now, typing, want, why) in cases {
+            assert_eq!(cue(activity, now, typing), want, "{why}");
         }
     }
 
@@ -280,6 +350,32 @@ mod tests {
         progress.over();
         task.await.unwrap();
         assert_eq!(fake.shown(), ["read", "typing", "typing-off"]);
+    }
+
+    #[tokio::test]
+    async fn a_prompt_takes_the_notice_down_until_the_agent_is_heard_from() {
+        let (progress, rx) = Progress::start();
+        let fake = Fake::default();
+        let task = tokio::spawn(show(fake.clone(), rx));
+        let shown = |n: usize| {
+            let fake = fake.clone();
+            async move {
+                while fake.shown().len() < n {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        shown(2).await;
+        progress.awaiting_user();
+        shown(3).await;
+        progress.agent_heard();
+        shown(4).await;
+        drop(progress);
+        task.await.unwrap();
+        assert_eq!(
+            fake.shown(),
+            ["read", "typing", "typing-off", "typing", "typing-off"]
+        );
     }
 
     #[tokio::test]
