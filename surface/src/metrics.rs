@@ -22,6 +22,9 @@ pub const MEDIA_BYTES: &str = "mxbridge_surface_media_bytes_total";
 pub const MEDIA_FAILURES: &str = "mxbridge_surface_media_failures_total";
 /// Posts tried again, by `reason` (rate_limited, server_error, network, other).
 pub const SEND_RETRIES: &str = "mxbridge_surface_send_retries_total";
+/// Read receipts and typing notices sent for turns, by `kind` (read_receipt, typing): the
+/// requests a turn costs the homeserver besides its answer.
+pub const PROGRESS_SIGNALS: &str = "mxbridge_surface_progress_signals_total";
 /// Chats connected to another agent than their own, which could not be reached.
 pub const AGENT_FAILOVERS: &str = "mxbridge_surface_agent_failovers_total";
 /// Seconds since the last successful sync (set when scraped).
@@ -59,6 +62,10 @@ fn describe() {
     describe_counter!(MEDIA_BYTES, Unit::Bytes, "Media bytes moved, by direction.");
     describe_counter!(MEDIA_FAILURES, "Media transfers that failed, by direction.");
     describe_counter!(SEND_RETRIES, "Posts tried again, by reason.");
+    describe_counter!(
+        PROGRESS_SIGNALS,
+        "Read receipts and typing notices sent for turns, by kind."
+    );
     describe_gauge!(SYNC_AGE, Unit::Seconds, "Seconds since the last good sync.");
     describe_gauge!(BACKLOG, "Journaled events not handled yet.");
     describe_gauge!(
@@ -90,6 +97,11 @@ pub fn media_failure(direction: &'static str) {
 /// Records a post tried again, by why.
 pub fn send_retry(reason: &'static str) {
     metrics::counter!(SEND_RETRIES, "reason" => reason).increment(1);
+}
+
+/// Records a read receipt or typing notice sent for a turn.
+pub fn progress_signal(kind: &'static str) {
+    metrics::counter!(PROGRESS_SIGNALS, "kind" => kind).increment(1);
 }
 
 /// Records a chat connected to another agent than its own.

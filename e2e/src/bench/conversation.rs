@@ -52,21 +52,42 @@ pub async fn throughput(s: &Setup, sizes: &Sizes) -> Result<RunFigures> {
     let mut out = RunFigures::new();
     let echo = s.echo.user_id.clone();
     let figs = [
-        (Fig::OneRoom, Fig::OneRoomSending, 1),
-        (Fig::Rooms, Fig::RoomsSending, sizes.rooms),
+        (Fig::OneRoom, Fig::OneRoomSending, Fig::OneRoomProgress, 1),
+        (
+            Fig::Rooms,
+            Fig::RoomsSending,
+            Fig::RoomsProgress,
+            sizes.rooms,
+        ),
     ];
-    for (rate, sending, n_rooms) in figs {
+    for (rate, sending, progress, n_rooms) in figs {
         let bot_rooms = s.open_rooms(&s.bot, n_rooms).await?;
         let echo_rooms = s.open_rooms(&echo, n_rooms).await?;
+        let signals_before = progress_signals(s).await?;
         let bot = burst(s, &bot_rooms, &s.bot, sizes.messages).await?;
+        let signals = progress_signals(s).await? - signals_before;
         let echo = burst(s, &echo_rooms, &echo, sizes.messages).await?;
         out.insert(rate, Sample::new(bot.rate, echo.rate));
         out.insert(
             sending,
             Sample::new(bot.sending * 100.0, echo.sending * 100.0),
         );
+        // The echo bot sends its answers and nothing else.
+        out.insert(progress, Sample::new(signals / sizes.messages as f64, 0.0));
     }
     Ok(out)
+}
+
+/// The read receipts and typing notices the surface has sent so far (its metrics). A notice
+/// taken down after a burst's last answer arrived is not counted (one request per room, at
+/// most).
+async fn progress_signals(s: &Setup) -> Result<f64> {
+    let metrics = s.stack.surface_metrics().await?;
+    let name = "mxbridge_surface_progress_signals_total";
+    Ok(["read_receipt", "typing"]
+        .iter()
+        .map(|kind| crate::metric(&metrics, name, &[("kind", kind)]))
+        .sum())
 }
 
 /// How many of `messages` go to room `i` of `rooms` (spread as evenly as possible).

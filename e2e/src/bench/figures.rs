@@ -171,6 +171,11 @@ pub enum Fig {
     OneRoomSending,
     /// The same for the many-rooms burst.
     RoomsSending,
+    /// Of the one-room burst, the bot's read receipts and typing notices per message
+    /// (comparator: the echo bot, which sends none): requests besides the answers.
+    OneRoomProgress,
+    /// The same for the many-rooms burst.
+    RoomsProgress,
 }
 
 /// How a figure reads in the report.
@@ -234,8 +239,10 @@ impl Fig {
         out.extend([
             Fig::OneRoom,
             Fig::OneRoomSending,
+            Fig::OneRoomProgress,
             Fig::Rooms,
             Fig::RoomsSending,
+            Fig::RoomsProgress,
         ]);
         out
     }
@@ -257,6 +264,8 @@ impl Fig {
                     | Fig::OutboundCpu(_)
                     | Fig::OneRoomSending
                     | Fig::RoomsSending
+                    | Fig::OneRoomProgress
+                    | Fig::RoomsProgress
             ),
         };
         let rss = Some(Target::AtMost(RSS_LIMIT_MIB));
@@ -412,6 +421,20 @@ impl Fig {
                 "throughput_rooms_sending_share".into(),
                 "  of which sending".into(),
                 "%",
+                "echo bot",
+                None,
+            ),
+            Fig::OneRoomProgress => s(
+                "throughput_one_room_progress_requests_per_message".into(),
+                "  receipts+typing".into(),
+                "/msg",
+                "echo bot",
+                None,
+            ),
+            Fig::RoomsProgress => s(
+                "throughput_rooms_progress_requests_per_message".into(),
+                "  receipts+typing".into(),
+                "/msg",
                 "echo bot",
                 None,
             ),

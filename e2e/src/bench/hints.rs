@@ -160,6 +160,8 @@ pub enum Clue {
         reply_ms: Option<f64>,
         /// The share of the bot's burst spent sending, %.
         sending: Option<f64>,
+        /// The bot's read receipts and typing notices per message.
+        progress: Option<f64>,
     },
     /// Surface RSS growth in one transfer, MiB.
     Rss {
@@ -357,10 +359,16 @@ pub fn hint(clue: &Clue) -> String {
             one_room,
             reply_ms,
             sending,
+            progress,
         } => match (one_room, reply_ms) {
             _ if sending.is_some_and(|p| p >= 80.0) => format!(
                 "the user's sends set the pace ({:.0}% of the time): the homeserver is the bottleneck",
                 sending.unwrap_or_default()
+            ),
+            _ if progress.is_some_and(|p| p >= 0.5) => format!(
+                "the bot's read receipts and typing notices: {:.1} requests per message besides \
+                 the answer, each one the homeserver serves (the echo bot sends none)",
+                progress.unwrap_or_default()
             ),
             (Some(one), _) if rooms > 1 && bot <= 1.2 * one => {
                 format!("no parallelism across rooms: {rooms} rooms ≈ one room ({one:.1} msg/s)")
@@ -495,6 +503,11 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             } else {
                 Fig::OneRoomSending
             }),
+            progress: this(if fig == Fig::Rooms {
+                Fig::RoomsProgress
+            } else {
+                Fig::OneRoomProgress
+            }),
         },
         Fig::InboundRss(room) | Fig::OutboundRss(room) => Clue::Rss {
             encrypted: room == Room::Encrypted,
@@ -574,6 +587,7 @@ mod tests {
             one_room: one,
             reply_ms,
             sending: Some(50.0),
+            progress: Some(0.0),
         }
     }
 
@@ -787,8 +801,23 @@ mod tests {
                     one_room: None,
                     reply_ms: None,
                     sending: Some(91.0),
+                    progress: Some(0.0),
                 },
                 "sends set the pace (91% of the time)",
+            ),
+            // Session 12's slower machine: 20 rooms at 0.72× echo, each quick turn marked read
+            // and shown typing while its answer waited behind Synapse.
+            (
+                Clue::Throughput {
+                    bot: 15.2,
+                    echo: 21.2,
+                    rooms: 20,
+                    one_room: Some(12.8),
+                    reply_ms: None,
+                    sending: Some(60.0),
+                    progress: Some(2.7),
+                },
+                "read receipts and typing notices: 2.7 requests per message",
             ),
             (
                 Clue::Rss {

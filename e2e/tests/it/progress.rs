@@ -87,6 +87,20 @@ async fn a_slow_turn_shows_typing_and_a_quick_one_behind_a_slow_homeserver_does_
     );
 
     let (typing, receipts) = slow_turn;
+    // The surface counts what it sent (the benchmark's receipts+typing figure reads this).
+    let metrics = stack.surface_metrics().await.unwrap();
+    let counted = |kind| {
+        e2e::metric(
+            &metrics,
+            "mxbridge_surface_progress_signals_total",
+            &[("kind", kind)],
+        ) as usize
+    };
+    assert_eq!(
+        (counted("typing"), counted("read_receipt")),
+        (typing, receipts),
+        "the surface's metrics count the requests the proxy saw"
+    );
     println!(
         "progress: quick_turn_behind_slow_sends typing=0 receipts=0; slow_turn typing_requests={typing} \
          receipts={receipts} typing_states_seen={seen} read_at_trigger={read}; question_wait typing=0"

@@ -149,6 +149,7 @@ impl Signals for RoomSignals {
     async fn mark_read(&self) {
         use matrix_sdk::ruma::api::client::receipt::create_receipt::v3::ReceiptType;
         use matrix_sdk::ruma::events::receipt::ReceiptThread;
+        crate::metrics::progress_signal("read_receipt");
         let receipt = self.room.send_single_receipt(
             ReceiptType::Read,
             ReceiptThread::Unthreaded,
@@ -160,6 +161,7 @@ impl Signals for RoomSignals {
     }
 
     async fn typing(&self, on: bool) {
+        crate::metrics::progress_signal("typing");
         if let Err(e) = self.room.typing_notice(on).await {
             debug!(error = %e, on, "typing notice failed");
         }
