@@ -8,6 +8,7 @@
 #   scripts/bench.sh --smoke                 # tiny sizes, one run
 #   scripts/bench.sh --runs 1 --size-mib 64 --messages 20 --rooms 4 --out /tmp/b.json
 #   scripts/bench.sh --runs 3 --only latency,inbound   # a focused experiment: those phases only
+#   MXBRIDGE_BENCH_SYNAPSE_CPUS=0 scripts/bench.sh      # Synapse's threads on core 0 only
 #
 # With the defaults it takes about 9 minutes on a 2-core machine (3 runs of 3 minutes: 45 s of
 # reply latency, mostly the paced series' pauses, 45 s of throughput, 85 s moving 1 GiB files
@@ -33,6 +34,13 @@ SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 trap '"$repo/scripts/synapse.sh" stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
 export SYNAPSE_MAX_UPLOAD_SIZE="${SYNAPSE_MAX_UPLOAD_SIZE:-8G}"
 eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
+# MXBRIDGE_BENCH_SYNAPSE_CPUS (e.g. `0`): every Synapse thread on these cores only, as a
+# GIL-bound Python process is best run; curl and the surface are measured against the same
+# Synapse. Off by default, so figures compare with earlier runs.
+if [ -n "${MXBRIDGE_BENCH_SYNAPSE_CPUS:-}" ]; then
+  taskset -a -p -c "$MXBRIDGE_BENCH_SYNAPSE_CPUS" "$(cat "$SYN_DIR/homeserver.pid")" >/dev/null
+  echo "Synapse pinned to cores $MXBRIDGE_BENCH_SYNAPSE_CPUS"
+fi
 
 # Where the JSON goes: --out as given (relative to the caller's folder), else bench.json.
 out="bench.json"
