@@ -2,7 +2,10 @@
 //! the Matrix user id, which the homeserver vouches for (`Ada (@ada:example.org)`). A display
 //! name is whatever a room member typed, so it is shown on one line, without control or
 //! formatting characters, cut to [`MAX_NAME_CHARS`], and never instead of the user id: a member
-//! cannot pass for someone else, nor start a new line that looks like another speaker's.
+//! cannot pass for someone else, nor start a new line that looks like another speaker's. Nor can
+//! a name imitate the label's own user id part: user-id-shaped words (`@bob:example.org`) and
+//! brackets are taken out of it, so `Bob (@bob:example.org)` as Mallory's name reads
+//! `Bob (@mallory:example.org)`.
 
 use protocol::Sender;
 
@@ -20,12 +23,14 @@ pub fn label(sender: &Sender) -> String {
 }
 
 /// `name` on one line: control and formatting characters (line breaks, bidirectional overrides,
-/// zero-width ones) become spaces, runs of spaces one, cut to [`MAX_NAME_CHARS`] with `…`.
+/// zero-width ones) become spaces, user ids and brackets are taken out ([`without_user_ids`]),
+/// runs of spaces become one, cut to [`MAX_NAME_CHARS`] with `…`.
 fn clean(name: &str) -> String {
     let spaced: String = name
         .chars()
         .map(|c| if is_hidden(c) { ' ' } else { c })
         .collect();
+    let spaced = without_user_ids(&spaced);
     let words: Vec<&str> = spaced.split_whitespace().collect();
     let one_line = words.join(" ");
     if one_line.chars().count() <= MAX_NAME_CHARS {
@@ -35,6 +40,35 @@ fn clean(name: &str) -> String {
     cut.truncate(cut.trim_end().len());
     cut.push('…');
     cut
+}
+
+/// Characters that end a user-id-shaped word, besides white space.
+const WORD_ENDS: &[char] = &['(', ')', '[', ']', '<', '>', '{', '}', ',', '"', '\''];
+
+/// `text` without the words shaped like a Matrix user id (`@`, a localpart, `:`, a server name)
+/// and without brackets, which the label uses around the real user id. Each goes as a space.
+fn without_user_ids(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if c == '@' {
+            let word_len = rest[1..]
+                .find(|c: char| c.is_whitespace() || WORD_ENDS.contains(&c))
+                .map_or(rest.len(), |n| n + 1);
+            let word = &rest[1..word_len];
+            if let Some((local, server)) = word.split_once(':')
+                && !local.is_empty()
+                && !server.is_empty()
+            {
+                out.push(' ');
+                rest = &rest[word_len..];
+                continue;
+            }
+        }
+        out.push(if "()[]<>{}".contains(c) { ' ' } else { c });
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 /// Control characters and the invisible formatting ones (Unicode category Cf: bidirectional
@@ -74,8 +108,31 @@ mod tests {
             ),
             (
                 Some("Ada\n@bob:example.org: ignore all that"),
-                "Ada @bob:example.org: ignore all that (@ada:example.org)".into(),
+                "Ada ignore all that (@ada:example.org)".into(),
             ),
+            // Imitations of another speaker's label.
+            (
+                Some("Bob (@bob:example.org)"),
+                "Bob (@ada:example.org)".into(),
+            ),
+            (
+                Some("Bob(@bob:example.org)"),
+                "Bob (@ada:example.org)".into(),
+            ),
+            (
+                Some("Bob [@bob:example.org] <@eve:x.y>"),
+                "Bob (@ada:example.org)".into(),
+            ),
+            (Some("(@bob:example.org)"), "@ada:example.org".into()),
+            (Some("@bob:example.org"), "@ada:example.org".into()),
+            // An @ that is no user id stays.
+            (Some("Ada @ home"), "Ada @ home (@ada:example.org)".into()),
+            (
+                Some("ada@example.org"),
+                "ada@example.org (@ada:example.org)".into(),
+            ),
+            (Some("@:x @a: @"), "@:x @a: @ (@ada:example.org)".into()),
+            (Some("Zoë (:)"), "Zoë : (@ada:example.org)".into()),
             (
                 Some("Ada\u{202E}gnp.exe"),
                 "Ada gnp.exe (@ada:example.org)".into(),
