@@ -4,7 +4,14 @@
 //! or moved into the folder (the atomic way to drop a file). Dotfiles (temporary names, the
 //! `.sent/` and `.failed/` folders) and anything deeper than `outbox/<name>` are ignored. At
 //! start, files already present are reported too, so nothing dropped while the surface was down
-//! is lost. After posting, the runtime moves each file aside with
+//! is lost.
+//!
+//! Only the folders on the way to an outbox are watched, each on its own ([`place`]):
+//! `surfaces/matrix`, every `<user>/`, every `<user>/<room>/` and every `<room>/outbox/`. A new
+//! one is watched as soon as it appears (by a thread of its own: the watch cannot be changed from
+//! inside its own event handler) and then looked through, so nothing dropped into it before its
+//! watch is missed. The inboxes are not watched: a download writes a file there in thousands of
+//! pieces, and a recursive watch woke this process once for every piece. After posting, the runtime moves each file aside with
 //! [`crate::workspace::Workspace::move_aside`].
 
 use std::collections::HashMap;
@@ -14,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
-use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+use notify::{Event, EventKind, RecursiveMode, Watcher};
 use protocol::{WorkspacePath, matrix_id_component, surface_root};
 use tokio::sync::mpsc;
 
@@ -57,7 +64,9 @@ pub enum OutboxError {
 
 /// Keeps the watch alive; dropping it stops watching.
 pub struct OutboxWatcher {
-    _watcher: RecommendedWatcher,
+    orders: std::sync::mpsc::Sender<Order>,
+    #[cfg(test)]
+    reporter: Arc<Reporter>,
     root: PathBuf,
 }
 
@@ -69,10 +78,27 @@ impl fmt::Debug for OutboxWatcher {
     }
 }
 
-/// Starts watching `<ws_root>/surfaces/matrix` (recursively, creating it if needed) and sends
-/// an [`OutboxItem`] on `tx` for each complete file dropped into a room's outbox, plus one for
-/// each file already there. Sending blocks the watcher thread while `tx` is full (back-pressure);
-/// if the receiver is gone, items are dropped.
+impl Drop for OutboxWatcher {
+    fn drop(&mut self) {
+        // The watching thread ends, and the watch with it.
+        let _ = self.orders.send(Order::Stop);
+    }
+}
+
+impl OutboxWatcher {
+    /// Events the watch has delivered so far (for tests).
+    #[cfg(test)]
+    fn events_seen(&self) -> u64 {
+        self.reporter
+            .events
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Starts watching `<ws_root>/surfaces/matrix` (creating it if needed) down to every room's
+/// outbox and sends an [`OutboxItem`] on `tx` for each complete file dropped into a room's
+/// outbox, plus one for each file already there. Sending blocks the watcher thread while `tx` is
+/// full (back-pressure); if the receiver is gone, items are dropped.
 ///
 /// The paths are reported, not trusted: the runtime opens them with
 /// [`crate::workspace::Workspace::open_for_upload`] like any other file.
@@ -85,27 +111,92 @@ pub fn watch_outboxes(
         path: base.clone(),
         source,
     })?;
-    let state = Arc::new(Reporter {
+    let reporter = Arc::new(Reporter {
         base: base.clone(),
         tx,
         seen: Mutex::new(HashMap::new()),
+        events: std::sync::atomic::AtomicU64::new(0),
     });
-    let handler_state = Arc::clone(&state);
+    let (orders, to_do) = std::sync::mpsc::channel();
+    let handler_state = Arc::clone(&reporter);
+    let handler_orders = orders.clone();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| match res {
-        Ok(event) => handler_state.on_event(&event),
+        Ok(event) => handler_state.on_event(&event, |dir| {
+            let _ = handler_orders.send(Order::Adopt(dir));
+        }),
         Err(e) => tracing::warn!(error = %e, "outbox watcher error"),
     })?;
-    watcher.watch(&base, RecursiveMode::Recursive)?;
-    // After the watch is in place, so a file dropped meanwhile is caught by one or the other
-    // (and reported once). On its own thread: sending may block.
+    watcher.watch(&base, RecursiveMode::NonRecursive)?;
+    // The rest of the tree, and the files already there, on the watching thread: sending may
+    // block, and the watch is changed there from now on.
+    let _ = orders.send(Order::Adopt(base));
+    let state = Arc::clone(&reporter);
     std::thread::Builder::new()
-        .name("outbox-scan".into())
-        .spawn(move || state.scan_all())
+        .name("outbox-watch".into())
+        .spawn(move || {
+            while let Ok(Order::Adopt(dir)) = to_do.recv() {
+                state.adopt(&mut watcher, &dir);
+            }
+        })
         .map_err(|e| OutboxError::Watch(notify::Error::io(e)))?;
     Ok(OutboxWatcher {
-        _watcher: watcher,
+        orders,
+        #[cfg(test)]
+        reporter,
         root: ws_root,
     })
+}
+
+/// What the watching thread is asked to do.
+enum Order {
+    /// Watch this folder (if [`place`] says so), and what is below it, and report the files in
+    /// it.
+    Adopt(PathBuf),
+    /// Stop watching.
+    Stop,
+}
+
+/// Where a folder is, seen from `surfaces/matrix`: the folders that lead to an outbox are
+/// watched, nothing else is (an inbox, `.sent/`, anything deeper or hidden).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// `surfaces/matrix` itself.
+    Base,
+    /// `<user>/`.
+    User,
+    /// `<user>/<room>/`.
+    Room,
+    /// `<user>/<room>/outbox/`.
+    Outbox,
+    /// Anything else.
+    Unwatched,
+}
+
+/// Where `dir` is under `base` (pure).
+fn place(base: &Path, dir: &Path) -> Place {
+    let Ok(rel) = dir.strip_prefix(base) else {
+        return Place::Unwatched;
+    };
+    let parts: Option<Vec<&str>> = rel
+        .components()
+        .map(|c| match c {
+            std::path::Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect();
+    let Some(parts) = parts else {
+        return Place::Unwatched;
+    };
+    if parts.iter().any(|p| p.starts_with('.')) {
+        return Place::Unwatched;
+    }
+    match parts.as_slice() {
+        [] => Place::Base,
+        [_] => Place::User,
+        [_, _] => Place::Room,
+        [_, _, "outbox"] => Place::Outbox,
+        _ => Place::Unwatched,
+    }
 }
 
 /// (device, inode, size, mtime seconds, mtime nanoseconds): the same file, unchanged.
@@ -117,52 +208,56 @@ struct Reporter {
     tx: mpsc::Sender<OutboxItem>,
     /// Reported files by identity (dev, inode, size, mtime) → when.
     seen: Mutex<HashMap<FileIdentity, Instant>>,
+    /// Events delivered by the watch.
+    events: std::sync::atomic::AtomicU64,
 }
 
 impl Reporter {
-    fn on_event(&self, event: &Event) {
+    /// Handles one event of the watch; `adopt` asks the watching thread to watch a new folder.
+    fn on_event(&self, event: &Event, adopt: impl Fn(PathBuf)) {
+        self.events
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if event.need_rescan() {
             // The kernel queue overflowed: events were lost, look at everything again.
             tracing::warn!("outbox watcher lost events; rescanning");
-            self.scan_all();
+            adopt(self.base.clone());
             return;
         }
-        match event.kind {
+        let arrived: &[PathBuf] = match event.kind {
             EventKind::Access(AccessKind::Close(AccessMode::Write))
-            | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
-                for p in &event.paths {
-                    self.consider(p);
-                }
-            }
+            | EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Any))
+            | EventKind::Create(_) => &event.paths,
             EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
-                if let Some(to) = event.paths.get(1) {
-                    self.consider(to);
-                }
+                event.paths.get(1..).unwrap_or_default()
             }
-            // A new folder (an outbox, or a whole user/room tree moved in): files may have
-            // landed in it before its watch was added.
-            EventKind::Create(CreateKind::Folder)
-            | EventKind::Modify(ModifyKind::Name(RenameMode::Any)) => {
-                for p in &event.paths {
-                    if p.is_dir() {
-                        self.scan(p, 0);
-                    } else {
-                        self.consider(p);
-                    }
+            _ => &[],
+        };
+        let created = matches!(event.kind, EventKind::Create(_));
+        for path in arrived {
+            let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
+            if is_dir {
+                // A new folder (an outbox, or a whole user/room tree moved in): files may have
+                // landed in it before its watch is added; adopting it looks through it.
+                if place(&self.base, path) != Place::Unwatched {
+                    adopt(path.clone());
                 }
+            } else if !created {
+                // A file is complete when closed or moved in, not when created.
+                self.consider(path);
             }
-            _ => {}
         }
     }
 
-    fn scan_all(&self) {
-        self.scan(&self.base.clone(), 0);
-    }
-
-    /// Reports outbox files below `dir` (at most the three levels user/room/outbox).
-    fn scan(&self, dir: &Path, depth: usize) {
-        if depth > 4 {
+    /// Watches `dir` if it leads to an outbox, then what is below it, and reports the files of
+    /// an outbox.
+    fn adopt(&self, watcher: &mut impl Watcher, dir: &Path) {
+        let here = place(&self.base, dir);
+        if here == Place::Unwatched {
             return;
+        }
+        if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            // Gone again, or the kernel's watch limit: the folder's files are still looked at.
+            tracing::warn!(path = %dir.display(), error = %e, "could not watch an outbox folder");
         }
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
@@ -170,11 +265,9 @@ impl Reporter {
         for entry in entries.flatten() {
             let path = entry.path();
             let Ok(ft) = entry.file_type() else { continue };
-            if ft.is_dir() && !ft.is_symlink() {
-                if !entry.file_name().to_string_lossy().starts_with('.') {
-                    self.scan(&path, depth + 1);
-                }
-            } else if ft.is_file() {
+            if ft.is_dir() {
+                self.adopt(watcher, &path);
+            } else if ft.is_file() && here == Place::Outbox {
                 self.consider(&path);
             }
         }
@@ -284,6 +377,67 @@ mod tests {
             "!other:example.org",
             &matrix_id_component(ROOM)
         ));
+    }
+
+    #[test]
+    fn only_the_folders_leading_to_an_outbox_are_watched() {
+        let base = Path::new("/ws/surfaces/matrix");
+        let cases = [
+            ("", Place::Base),
+            ("u", Place::User),
+            ("u/r", Place::Room),
+            ("u/r/outbox", Place::Outbox),
+            ("u/r/inbox", Place::Unwatched),
+            ("u/r/outbox/.sent", Place::Unwatched),
+            ("u/r/outbox/sub", Place::Unwatched),
+            ("u/r/other", Place::Unwatched),
+            ("u/outbox", Place::Room),
+            (".hidden", Place::Unwatched),
+            ("u/.r", Place::Unwatched),
+            ("u/.r/outbox", Place::Unwatched),
+        ];
+        for (rel, want) in cases {
+            let dir = if rel.is_empty() {
+                base.to_owned()
+            } else {
+                base.join(rel)
+            };
+            assert_eq!(place(base, &dir), want, "{rel:?}");
+        }
+        assert_eq!(place(base, Path::new("/ws/surfaces")), Place::Unwatched);
+        assert_eq!(place(base, Path::new("/elsewhere/u")), Place::Unwatched);
+        assert_eq!(place(base, &base.join("u/../v")), Place::Unwatched);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_download_into_an_inbox_does_not_wake_the_watcher() {
+        use std::io::Write;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_owned();
+        let outbox = outbox(&root);
+        let inbox = Workspace::inbox_dir(USER, ROOM).to_path_under(&root);
+        std::fs::create_dir_all(&inbox).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let watcher = watch_outboxes(root.clone(), tx).unwrap();
+        // The watch is in place once a file dropped now is reported.
+        std::fs::write(outbox.join("first.txt"), b"1").unwrap();
+        assert_eq!(next(&mut rx).await.path.file_name(), "first.txt");
+        let before = watcher.events_seen();
+
+        // A download: a file written in 500 pieces, then renamed into place.
+        let partial = inbox.join(".partial-x");
+        let mut f = std::fs::File::create(&partial).unwrap();
+        for _ in 0..500 {
+            f.write_all(&[7u8; 4096]).unwrap();
+        }
+        drop(f);
+        std::fs::rename(&partial, inbox.join("photo.jpg")).unwrap();
+        // Then a file in the outbox, to know the watch has caught up.
+        std::fs::write(outbox.join("second.txt"), b"2").unwrap();
+        assert_eq!(next(&mut rx).await.path.file_name(), "second.txt");
+        let during = watcher.events_seen() - before;
+        // The outbox file's own few events (create, open, write, close); none of the inbox's.
+        assert!(during < 10, "{during} events for 500 writes in an inbox");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! (its `.partial-*` file appears in the inbox) until the complete file is there, as curl's
 //! download is timed from its start to its end; how long the surface took to start (the event's
 //! way to the bot through `/sync`, its journal, the lane) is its own figure, next to the echo
-//! bot's reply. Both instants come from inotify, so nothing polls while the bytes move.
+//! bot's reply. Both instants come from inotify (creations and renames only), so nothing polls
+//! or wakes while the bytes move.
 //! Comparator: curl downloading the same media (the encrypted blob in an encrypted room) with the
 //! bot's token, without and with an fsync.
 
@@ -11,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use matrix_sdk::ruma::events::room::EncryptedFile;
-use notify::Watcher;
 use serde_json::json;
 
 use super::{Transfers, len, write_noise};
@@ -137,30 +137,40 @@ impl Transfers<'_> {
 }
 
 /// A room's inbox under inotify: when the surface's download began and when the file landed.
+/// Only creations and renames into the folder are asked for, not every write: the measuring
+/// process must not wake for each of the surface's writes (curl writes to a folder nobody
+/// watches), nor the watch cost the surface the processor it shares.
 struct InboxWatch {
-    /// Stops watching when dropped.
-    _watcher: notify::RecommendedWatcher,
-    events: tokio::sync::mpsc::UnboundedReceiver<(Instant, notify::Event)>,
+    /// (when read, created (not moved in), name) of each entry that appeared.
+    names: tokio::sync::mpsc::UnboundedReceiver<(Instant, bool, String)>,
+    /// Tells the reading thread to stop.
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     dir: PathBuf,
+}
+
+impl Drop for InboxWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl InboxWatch {
     /// Watches `dir` (created if missing, as the surface would) from now on.
     fn start(dir: &Path) -> Result<Self> {
+        use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
         std::fs::create_dir_all(dir)?;
-        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-            if let Ok(e) = e {
-                let _ = tx.send((Instant::now(), e));
-            }
-        })
-        .context("inotify")?;
-        watcher
-            .watch(dir, notify::RecursiveMode::NonRecursive)
+        let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).context("inotify")?;
+        inotify::add_watch(&fd, dir, WatchFlags::CREATE | WatchFlags::MOVED_TO)
             .with_context(|| format!("watch {}", dir.display()))?;
+        let (tx, names) = tokio::sync::mpsc::unbounded_channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("inbox-watch".into())
+            .spawn(move || read_names(&fd, &tx, &stopped))?;
         Ok(Self {
-            _watcher: watcher,
-            events,
+            names,
+            stop,
             dir: dir.to_owned(),
         })
     }
@@ -177,25 +187,56 @@ impl InboxWatch {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut started = None;
         loop {
-            let Ok(next) = tokio::time::timeout_at(deadline, self.events.recv()).await else {
+            let Ok(next) = tokio::time::timeout_at(deadline, self.names.recv()).await else {
                 bail!("{name} not in {} after {timeout:?}", self.dir.display());
             };
-            let Some((at, event)) = next else {
+            let Some((at, created, file)) = next else {
                 bail!("the watch of {} stopped", self.dir.display());
             };
-            for path in &event.paths {
-                let file = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                if file.starts_with(".partial-") && event.kind.is_create() {
-                    started.get_or_insert(at);
-                } else if !file.starts_with('.') && file.ends_with(&suffix) && len(path) == size {
-                    let Some(started) = started else {
-                        bail!("{name} landed in the inbox without a download being seen");
-                    };
-                    return Ok((started, at));
-                }
+            if file.starts_with(".partial-") && created {
+                started.get_or_insert(at);
+            } else if !file.starts_with('.')
+                && file.ends_with(&suffix)
+                && len(&self.dir.join(&file)) == size
+            {
+                let Some(started) = started else {
+                    bail!("{name} landed in the inbox without a download being seen");
+                };
+                return Ok((started, at));
+            }
+        }
+    }
+}
+
+/// Sends the names of the entries created in or moved into the watched folder, each with the
+/// instant it was read, until `stop` is set (looked at twice a second) or the receiver is gone.
+fn read_names(
+    fd: &std::os::fd::OwnedFd,
+    tx: &tokio::sync::mpsc::UnboundedSender<(Instant, bool, String)>,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    use rustix::fs::inotify::{ReadFlags, Reader};
+    let half_a_second = Timespec {
+        tv_sec: 0,
+        tv_nsec: 500_000_000,
+    };
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        if poll(&mut fds, Some(&half_a_second)).is_err() {
+            continue;
+        }
+        let at = Instant::now();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = Reader::new(fd, &mut buf);
+        while let Ok(event) = reader.next() {
+            let created = event.events().contains(ReadFlags::CREATE);
+            if let Some(name) = event.file_name()
+                && tx
+                    .send((at, created, name.to_string_lossy().into_owned()))
+                    .is_err()
+            {
+                return;
             }
         }
     }
