@@ -1,6 +1,8 @@
 //! CPU time of the surface, of Synapse and of the whole machine over one transfer, as cores kept
 //! busy: next to the machine's core count it tells whether the processor, shared by both and by
-//! the kernel (which writes the file out to the disk in its own threads), set the pace.
+//! the kernel (which writes the file out to the disk in its own threads), set the pace. And how
+//! often Synapse's threads were preempted (involuntary context switches): a GIL-bound process
+//! whose thread is taken off the processor while it holds the lock stops as a whole.
 
 use std::time::Instant;
 
@@ -16,6 +18,8 @@ pub struct CpuWindow {
     surface: u32,
     synapse: Option<u32>,
     start: (f64, Option<f64>),
+    /// Synapse's involuntary context switches at the start, all its threads added.
+    preempted: Option<u64>,
     /// The machine's busy CPU seconds at the start, all cores added.
     machine: Option<f64>,
     at: Instant,
@@ -30,6 +34,8 @@ pub struct Cores {
     pub synapse: Option<f64>,
     /// The whole machine (every process and the kernel), when `/proc/stat` can be read.
     pub machine: Option<f64>,
+    /// Times per second Synapse's threads were preempted, when its pid is known.
+    pub synapse_preempted: Option<f64>,
 }
 
 impl CpuWindow {
@@ -44,6 +50,7 @@ impl CpuWindow {
                 cpu_secs(surface).context("read the surface's CPU time")?,
                 synapse.and_then(cpu_secs),
             ),
+            preempted: synapse.and_then(preemptions),
             machine: machine_busy_secs(),
             at: Instant::now(),
         })
@@ -61,10 +68,15 @@ impl CpuWindow {
             (Some(now), Some(then)) => Some((now - then) / wall),
             _ => None,
         };
+        let synapse_preempted = match (self.synapse.and_then(preemptions), self.preempted) {
+            (Some(now), Some(then)) => Some(now.saturating_sub(then) as f64 / wall),
+            _ => None,
+        };
         Ok(Cores {
             surface: (surface - self.start.0) / wall,
             synapse,
             machine,
+            synapse_preempted,
         })
     }
 }
@@ -99,6 +111,29 @@ fn synapse_pid() -> Option<u32> {
 /// User plus system CPU seconds of `pid` (all its threads).
 fn cpu_secs(pid: u32) -> Option<f64> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Involuntary context switches of all of `pid`'s threads.
+fn preemptions(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        // A thread that ended meanwhile counts no more.
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+            total += parse_preemptions(&status).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// `nonvoluntary_ctxt_switches` of a `/proc/<pid>/task/<tid>/status`.
+fn parse_preemptions(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Busy CPU seconds of the whole machine since boot, all cores added.
@@ -138,6 +173,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn preemptions_are_read_from_a_threads_status() {
+        let status =
+            "Name:\tpython\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t37\n";
+        assert_eq!(parse_preemptions(status), Some(37));
+        assert_eq!(parse_preemptions("Name:\tpython\n"), None);
+        assert!(preemptions(std::process::id()).is_some());
+    }
+
+    #[test]
     fn stat_lines_are_read_after_the_command_name() {
         let line = "4242 (python3 -m (syn)) S 1 4242 4242 0 -1 4194560 9 0 0 0 250 50 0 0 20 0 3 0";
         assert_eq!(parse_stat(line), Some(3.0));
@@ -162,6 +206,7 @@ mod tests {
             surface: me,
             synapse: None,
             start: (cpu_secs(me).unwrap(), None),
+            preempted: None,
             machine: machine_busy_secs(),
             at: Instant::now(),
         };
@@ -173,6 +218,7 @@ mod tests {
         let c = w.cores().unwrap();
         assert!(c.surface > 0.3, "{c:?}");
         assert_eq!(c.synapse, None);
+        assert_eq!(c.synapse_preempted, None);
         assert!(c.machine.is_some_and(|m| m >= 0.8 * c.surface), "{c:?}");
     }
 }

@@ -133,6 +133,9 @@ pub enum Fig {
     /// Cores Synapse kept busy serving curl's download (the comparator of [`Fig::InboundCpu`]
     /// is its cores while serving the surface's).
     InboundSynapseCurl(Room),
+    /// How often per second Synapse's threads were preempted while serving the surface's download
+    /// (comparator: while serving curl's).
+    InboundSynapsePreempted(Room),
     /// The same, next to curl download + fsync.
     InboundFsync(Room),
     /// The surface's peak RSS growth during the inbound transfer, MiB (comparator: curl's peak).
@@ -212,6 +215,7 @@ impl Fig {
                 Fig::InboundCpu(room),
                 Fig::InboundMachine(room),
                 Fig::InboundSynapseCurl(room),
+                Fig::InboundSynapsePreempted(room),
                 Fig::InboundRss(room),
             ]);
         }
@@ -261,6 +265,7 @@ impl Fig {
                     | Fig::OutboundRss(_)
                     | Fig::InboundCpu(_)
                     | Fig::InboundSynapseCurl(_)
+                    | Fig::InboundSynapsePreempted(_)
                     | Fig::OutboundCpu(_)
                     | Fig::OneRoomSending
                     | Fig::RoomsSending
@@ -320,6 +325,13 @@ impl Fig {
                 format!("inbound {}: Synapse for curl", r.as_str()),
                 "cores",
                 "",
+                None,
+            ),
+            Fig::InboundSynapsePreempted(r) => s(
+                format!("inbound_{}_synapse_preempted_per_s", r.as_str()),
+                format!("inbound {}: Synapse preempted", r.as_str()),
+                "/s",
+                "for curl",
                 None,
             ),
             Fig::InboundRss(r) => s(

@@ -129,6 +129,13 @@ impl Transfers<'_> {
                 },
             ),
             (
+                Fig::InboundSynapsePreempted(room),
+                Sample {
+                    this: cores.synapse_preempted,
+                    other: curl_cores.synapse_preempted,
+                },
+            ),
+            (
                 Fig::InboundRss(room),
                 Sample::new(rss, plain.peak_rss_kib as f64 / 1024.0),
             ),
