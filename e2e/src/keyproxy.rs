@@ -42,6 +42,8 @@ struct Mode {
     failed_messages: usize,
     /// How long a room send (`PUT /rooms/{id}/send/...`) is held before it is forwarded.
     send_delay: Duration,
+    /// How long a media download (`GET .../media/download/...`) is held before it is forwarded.
+    download_delay: Duration,
     /// Every request seen: method and path (without the query).
     seen: Vec<(Method, String)>,
 }
@@ -118,6 +120,12 @@ impl KeyProxy {
     /// none), as behind a homeserver that is slow to take messages.
     pub fn delay_sends(&self, delay: Duration) {
         self.inner.mode.lock().expect("proxy lock").send_delay = delay;
+    }
+
+    /// From now on, every media download waits `delay` before it reaches the homeserver (zero:
+    /// none), as a file from a slow server would.
+    pub fn delay_downloads(&self, delay: Duration) {
+        self.inner.mode.lock().expect("proxy lock").download_delay = delay;
     }
 
     /// How many `method` requests whose path contains `fragment` the proxy has seen.
@@ -229,9 +237,12 @@ async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         let mut mode = inner.mode.lock().expect("proxy lock");
         let path = parts.uri.path().to_owned();
         let room_send = parts.method == Method::PUT && path.contains("/send/");
+        let download = parts.method == Method::GET && path.contains("/media/download/");
         mode.seen.push((parts.method.clone(), path));
         if room_send {
             mode.send_delay
+        } else if download {
+            mode.download_delay
         } else {
             Duration::ZERO
         }

@@ -129,7 +129,7 @@ async fn lane(ctx: Ctx, chat: ChatRef, handle: Arc<LaneHandle>) {
         Ok(turns) => {
             for msg in turns {
                 info!(seq = msg.seq, event_id = %msg.id, "resuming unfinished turn");
-                lane.run_turn(msg).await;
+                lane.run_turn(msg, None).await;
                 if ctx.shutdown.is_cancelled() {
                     return;
                 }
@@ -184,6 +184,13 @@ impl Lane {
         if let Err(e) = self.ctx.workspace.create_dir_all(&outbox) {
             warn!(error = %e, "could not create the outbox folder");
         }
+        // A message that starts a turn: the user waits from now, while its file downloads too
+        // (minutes, for a large one from a slow server), so progress shows from now. Dropped
+        // unused when no turn comes of it, which takes a typing notice down.
+        let progress = match (&ev.disposition, EventId::parse(&ev.event_id)) {
+            (Disposition::Trigger, Ok(id)) => Some(self.start_progress(id)),
+            _ => None,
+        };
         let prepared = self.prepare(&ev).await;
         let sender = Sender {
             user_id: ev.sender.clone(),
@@ -257,7 +264,7 @@ impl Lane {
                             "turn stored"
                         );
                         self.link.turns_stored();
-                        self.run_turn(msg).await;
+                        self.run_turn(msg, progress).await;
                         Ok(())
                     }
                     Err(e) => Err(e),

@@ -3,8 +3,9 @@
 //! down when it is done; a quick turn whose answer waits behind a slow homeserver shows
 //! neither (under a burst, those three requests per message cost a fifth of the throughput,
 //! and the answer says the message was read), and neither does a turn waiting for the user's
-//! answer to its question. The surface talks to Synapse through a proxy
-//! that can slow room sends and counts the surface's requests.
+//! answer to its question. A file that is slow to download shows the bot at work too: the
+//! user's wait starts when the message arrives. The surface talks to Synapse through a proxy
+//! that can slow room sends and downloads and counts the surface's requests.
 
 use std::time::Duration;
 
@@ -107,6 +108,53 @@ async fn a_slow_turn_shows_typing_and_a_quick_one_behind_a_slow_homeserver_does_
     );
     assert!(typing >= 2, "typing shown and taken down: {typing}");
     assert_eq!(receipts, 1, "one read receipt, for the slow turn");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_slow_to_download_shows_the_bot_reading_and_typing() {
+    let hs = Homeserver::from_env();
+    let proxy = KeyProxy::start(&hs.url).await.expect("proxy");
+    let mut opts = StackOptions::default();
+    opts.surface_env
+        .insert("MATRIX_HOMESERVER_URL".into(), proxy.url().to_owned());
+    let stack = Stack::start(&hs, opts).await.expect("stack starts");
+    let bot = stack.bot.user_id.clone();
+    let user = E2eeUser::register(&hs, "slowfile").await.unwrap();
+    let room = user.create_encrypted_dm(&bot).await.unwrap();
+    user.wait_joined(&room, &bot, TURN).await.unwrap();
+
+    // The file takes 3 s to come from the homeserver; the agent's answer then comes at once.
+    // Before, progress started with the turn, after the download: the user saw nothing for 3 s.
+    proxy.delay_downloads(Duration::from_secs(3));
+    let sent = user
+        .send_file(
+            &room,
+            "notes.txt",
+            "text/plain",
+            b"slow but sure\n".to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    let reply = reply_in_thread(&user, &room, &bot, &sent).await;
+    proxy.delay_downloads(Duration::ZERO);
+    assert!(reply.was_encrypted, "{reply:?}");
+    assert!(
+        proxy.requests("GET", "/media/download/") >= 1,
+        "the download went through the proxy"
+    );
+    let seen = typing_shown_then_taken_down(&user, &room, &bot).await;
+    let read = read_receipt_at(&user, &room, &bot, &sent).await;
+    let (typing, receipts) = signals(&proxy);
+    println!(
+        "progress: slow_download typing_requests={typing} receipts={receipts} \
+         typing_states_seen={seen} read_at_file={read}"
+    );
+    assert!(typing >= 2, "typing shown and taken down: {typing}");
+    assert_eq!(
+        receipts, 1,
+        "the file's message marked read while it downloaded"
+    );
 }
 
 /// Waits until `user` has seen `bot` typing in `room` and then no longer typing; returns how

@@ -59,21 +59,29 @@ pub(super) struct Turn {
 }
 
 impl Lane {
-    /// Runs one stored turn until the agent ends it (the link sends it). Leaves it unended on
-    /// shutdown, so it resumes after the restart.
+    /// Starts showing progress (read receipt, typing notice) for the turn `trigger` starts: the
+    /// user's wait starts when the message arrived, before its file is downloaded.
+    pub(super) fn start_progress(&self, trigger: OwnedEventId) -> Progress {
+        let (progress, activity) = Progress::start();
+        let signals = RoomSignals {
+            room: self.room.clone(),
+            trigger,
+        };
+        self.ctx.tracker.spawn(progress::show(signals, activity));
+        progress
+    }
+
+    /// Runs one stored turn until the agent ends it (the link sends it), showing `progress` if
+    /// it was started already (while the message's file was downloaded), else from now. Leaves
+    /// the turn unended on shutdown, so it resumes after the restart.
     #[instrument(skip_all, fields(room_id = %msg.room_id, event_id = %msg.id, seq = msg.seq))]
-    pub(super) async fn run_turn(&mut self, msg: UserMessage) {
+    pub(super) async fn run_turn(&mut self, msg: UserMessage, progress: Option<Progress>) {
         let Some(target) = self.target_for(&msg.id, msg.thread_root.as_deref()) else {
             warn!("malformed event id; dropping turn");
             let _ = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq);
             return;
         };
-        let (progress, activity) = Progress::start();
-        let signals = RoomSignals {
-            room: self.room.clone(),
-            trigger: target.event_id.clone(),
-        };
-        self.ctx.tracker.spawn(progress::show(signals, activity));
+        let progress = progress.unwrap_or_else(|| self.start_progress(target.event_id.clone()));
         let mut turn = Turn {
             target,
             turn: msg.id.clone(),
