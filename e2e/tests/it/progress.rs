@@ -23,18 +23,47 @@ fn signals(proxy: &KeyProxy) -> (usize, usize) {
     )
 }
 
+/// A stack whose surface talks to Synapse through a proxy, and a user (matrix-sdk) in an
+/// encrypted DM with the bot.
+struct Behind {
+    proxy: KeyProxy,
+    stack: Stack,
+    bot: String,
+    user: E2eeUser,
+    room: String,
+}
+
+impl Behind {
+    async fn start(prefix: &str) -> Self {
+        let hs = Homeserver::from_env();
+        let proxy = KeyProxy::start(&hs.url).await.expect("proxy");
+        let mut opts = StackOptions::default();
+        opts.surface_env
+            .insert("MATRIX_HOMESERVER_URL".into(), proxy.url().to_owned());
+        let stack = Stack::start(&hs, opts).await.expect("stack starts");
+        let bot = stack.bot.user_id.clone();
+        let user = E2eeUser::register(&hs, prefix).await.unwrap();
+        let room = user.create_encrypted_dm(&bot).await.unwrap();
+        user.wait_joined(&room, &bot, TURN).await.unwrap();
+        Self {
+            proxy,
+            stack,
+            bot,
+            user,
+            room,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slow_turn_shows_typing_and_a_quick_one_behind_a_slow_homeserver_does_not() {
-    let hs = Homeserver::from_env();
-    let proxy = KeyProxy::start(&hs.url).await.expect("proxy");
-    let mut opts = StackOptions::default();
-    opts.surface_env
-        .insert("MATRIX_HOMESERVER_URL".into(), proxy.url().to_owned());
-    let stack = Stack::start(&hs, opts).await.expect("stack starts");
-    let bot = stack.bot.user_id.clone();
-    let user = E2eeUser::register(&hs, "progress").await.unwrap();
-    let room = user.create_encrypted_dm(&bot).await.unwrap();
-    user.wait_joined(&room, &bot, TURN).await.unwrap();
+    let Behind {
+        proxy,
+        stack,
+        bot,
+        user,
+        room,
+    } = Behind::start("progress").await;
     let hello = user.send_text(&room, "hello").await.unwrap();
     reply_in_thread(&user, &room, &bot, &hello).await;
     assert_eq!(signals(&proxy), (0, 0), "a quick turn shows nothing");
@@ -112,16 +141,13 @@ async fn a_slow_turn_shows_typing_and_a_quick_one_behind_a_slow_homeserver_does_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_slow_to_download_shows_the_bot_reading_and_typing() {
-    let hs = Homeserver::from_env();
-    let proxy = KeyProxy::start(&hs.url).await.expect("proxy");
-    let mut opts = StackOptions::default();
-    opts.surface_env
-        .insert("MATRIX_HOMESERVER_URL".into(), proxy.url().to_owned());
-    let stack = Stack::start(&hs, opts).await.expect("stack starts");
-    let bot = stack.bot.user_id.clone();
-    let user = E2eeUser::register(&hs, "slowfile").await.unwrap();
-    let room = user.create_encrypted_dm(&bot).await.unwrap();
-    user.wait_joined(&room, &bot, TURN).await.unwrap();
+    let Behind {
+        proxy,
+        stack: _stack,
+        bot,
+        user,
+        room,
+    } = Behind::start("slowfile").await;
 
     // The file takes 3 s to come from the homeserver; the agent's answer then comes at once.
     // Before, progress started with the turn, after the download: the user saw nothing for 3 s.
