@@ -131,13 +131,17 @@ pub enum Fig {
     /// Cores the whole machine kept busy during the inbound transfer (comparator: its cores).
     InboundMachine(Room),
     /// Cores Synapse kept busy serving curl's download (the comparator of [`Fig::InboundCpu`]
-    /// is its cores while serving the surface's).
+    /// is its cores while serving the surface's), next to serving curl's download to
+    /// `/dev/null`.
     InboundSynapseCurl(Room),
     /// How often per second Synapse's threads were preempted while serving the surface's download
     /// (comparator: while serving curl's).
     InboundSynapsePreempted(Room),
     /// The same, next to curl download + fsync.
     InboundFsync(Room),
+    /// The same, next to curl downloading to `/dev/null`: the reader that keeps nothing, so how
+    /// fast Synapse serves a reader that does less than curl writing a file.
+    InboundNull(Room),
     /// The surface's peak RSS growth during the inbound transfer, MiB (comparator: curl's peak).
     InboundRss(Room),
     /// Agent → room, MiB/s: the surface's upload, as its log times it (comparator: curl upload).
@@ -211,6 +215,7 @@ impl Fig {
             out.extend([
                 Fig::Inbound(room),
                 Fig::InboundFsync(room),
+                Fig::InboundNull(room),
                 Fig::InboundNotice(room),
                 Fig::InboundCpu(room),
                 Fig::InboundMachine(room),
@@ -299,6 +304,13 @@ impl Fig {
                 "curl+fsync",
                 None,
             ),
+            Fig::InboundNull(r) => s(
+                format!("inbound_{}_vs_null", r.as_str()),
+                format!("inbound {}", r.as_str()),
+                "MiB/s",
+                "curl→null",
+                None,
+            ),
             Fig::InboundNotice(r) => s(
                 format!("inbound_{}_until_download_ms", r.as_str()),
                 format!("inbound {}: until download", r.as_str()),
@@ -324,7 +336,7 @@ impl Fig {
                 format!("inbound_{}_synapse_cores_for_curl", r.as_str()),
                 format!("inbound {}: Synapse for curl", r.as_str()),
                 "cores",
-                "",
+                "for curl→null",
                 None,
             ),
             Fig::InboundSynapsePreempted(r) => s(

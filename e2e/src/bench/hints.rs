@@ -55,7 +55,6 @@ impl Busy {
         if self.synapse < SYNAPSE_LIMIT {
             return None;
         }
-        let per_gib = |cores: f64, rate: f64| 1024.0 * cores / rate;
         let curl = for_curl.map_or(String::new(), |c| {
             format!(
                 " ({c:.2} while serving curl's; {:.1} CPU seconds per GiB for the surface, {:.1} \
@@ -80,6 +79,68 @@ impl Busy {
     }
 }
 
+/// CPU seconds a GiB cost Synapse, from its busy cores while serving at `rate` MiB/s.
+fn per_gib(cores: f64, rate: f64) -> f64 {
+    1024.0 * cores / rate
+}
+
+/// One inbound transfer's rates (MiB/s) next to the reader that keeps nothing, and Synapse's
+/// cores while serving each.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    this: f64,
+    curl: f64,
+    null: Option<f64>,
+    synapse: Option<f64>,
+    for_curl: Option<f64>,
+    for_null: Option<f64>,
+}
+
+impl Pace {
+    /// The hint when Synapse's pace, not the surface's work, decides: curl downloading to
+    /// `/dev/null` (reading, keeping nothing) missed the target against curl writing the file,
+    /// and the surface was within 10% of it or faster. Doing less than the surface does cannot
+    /// reach curl then; what a GiB cost Synapse for each reader shows why.
+    fn hint(&self) -> Option<String> {
+        let null = self.null?;
+        if null >= 0.9 * self.curl || self.this < 0.9 * null {
+            return None;
+        }
+        let cost = match (self.synapse, self.for_null, self.for_curl) {
+            (Some(s), Some(n), Some(c)) => format!(
+                "; a GiB cost Synapse {:.1} CPU seconds serving the surface, {:.1} serving \
+                 curl→null, {:.1} serving curl writing the file: the faster its reader drains \
+                 the socket, the more each byte costs it",
+                per_gib(s, self.this),
+                per_gib(n, null),
+                per_gib(c, self.curl)
+            ),
+            _ => String::new(),
+        };
+        Some(format!(
+            "Synapse's pace, not the surface's work: a reader that keeps nothing (curl to \
+             /dev/null) got {null:.0} MiB/s, {:.2}× curl writing the file, and the surface \
+             {:.2}× that{cost}",
+            null / self.curl,
+            self.this / null
+        ))
+    }
+
+    /// What the reader that keeps nothing got, for a hint that names Synapse otherwise.
+    fn aside(&self) -> String {
+        let Some(null) = self.null else {
+            return String::new();
+        };
+        let cost = self.for_null.map_or(String::new(), |n| {
+            format!(
+                ", a GiB costing Synapse {:.1} CPU seconds",
+                per_gib(n, null)
+            )
+        });
+        format!("; curl→null, the reader that keeps nothing, got {null:.0} MiB/s{cost}")
+    }
+}
+
 /// The figures a hint weighs, taken from the medians.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Clue {
@@ -99,6 +160,10 @@ pub enum Clue {
         busy: Option<Busy>,
         /// Synapse's cores while serving curl's download.
         synapse_for_curl: Option<f64>,
+        /// curl downloading to `/dev/null`: the reader that keeps nothing.
+        null: Option<f64>,
+        /// Synapse's cores while serving that download.
+        synapse_for_null: Option<f64>,
     },
     /// Upload of the agent's file, times in seconds.
     Outbound {
@@ -199,6 +264,8 @@ pub fn hint(clue: &Clue) -> String {
             sha,
             busy,
             synapse_for_curl,
+            null,
+            synapse_for_null,
         } => {
             // An encrypted file costs what curl never does: the ciphertext's SHA-256 (the
             // integrity check) and its decryption. The hash's share of the surface's cores, when
@@ -212,10 +279,24 @@ pub fn hint(clue: &Clue) -> String {
                 ),
                 _ => String::new(),
             };
-            if let Some(h) = busy.as_ref().and_then(|b| {
-                b.saturated()
-                    .or_else(|| b.synapse_bound(synapse_for_curl, this, curl))
-            }) {
+            let pace = Pace {
+                this,
+                curl,
+                null,
+                synapse: busy.map(|b| b.synapse),
+                for_curl: synapse_for_curl,
+                for_null: synapse_for_null,
+            };
+            if let Some(h) = busy
+                .as_ref()
+                .and_then(Busy::saturated)
+                .or_else(|| pace.hint())
+                .or_else(|| {
+                    busy.as_ref()
+                        .and_then(|b| b.synapse_bound(synapse_for_curl, this, curl))
+                        .map(|h| format!("{h}{}", pace.aside()))
+                })
+            {
                 return format!("{h}{hash_share}");
             }
             let t = 1.0 / this;
@@ -444,6 +525,8 @@ pub fn clue(fig: Fig, m: &Medians, size_mib: f64, rooms: usize) -> Option<Clue> 
             sha,
             busy: busy(Fig::InboundCpu(room), Fig::InboundMachine(room)),
             synapse_for_curl: this(Fig::InboundSynapseCurl(room)),
+            null: other(Fig::InboundNull(room)),
+            synapse_for_null: other(Fig::InboundSynapseCurl(room)),
         },
         Fig::Outbound(room) => Clue::Outbound {
             encrypted: room == Room::Encrypted,
@@ -536,7 +619,17 @@ mod tests {
             sha,
             busy: None,
             synapse_for_curl: None,
+            null: None,
+            synapse_for_null: None,
         }
+    }
+
+    /// `clue` (an inbound one) with curl→null's rate.
+    fn beside_null(mut clue: Clue, rate: f64) -> Clue {
+        if let Clue::Inbound { null, .. } = &mut clue {
+            *null = Some(rate);
+        }
+        clue
     }
 
     fn outbound(this_s: f64, sha_s: Option<f64>) -> Clue {
@@ -619,6 +712,8 @@ mod tests {
                     sha: Some(520.0),
                     busy: None,
                     synapse_for_curl: None,
+                    null: None,
+                    synapse_for_null: None,
                 },
                 "hashing the ciphertext keeps pace with it: SHA-256 runs at 520 MiB/s",
             ),
@@ -636,6 +731,8 @@ mod tests {
                         machine: Some(1.6),
                     }),
                     synapse_for_curl: None,
+                    null: None,
+                    synapse_for_null: None,
                 },
                 "durability: 1.17× curl+fsync, the file is on the disk when the download ends \
                  (written out during it), curl's without fsync still in memory; the \
@@ -658,11 +755,80 @@ mod tests {
                         machine: Some(1.35),
                     }),
                     synapse_for_curl: Some(0.95),
+                    null: None,
+                    synapse_for_null: None,
                 },
                 "Synapse is at its limit: it kept 0.91 cores busy serving the surface's download \
                  (0.95 while serving curl's; 2.7 CPU seconds per GiB for the surface, 2.5 for \
                  curl), about all one Python process gets (its threads take turns holding the \
                  GIL); the surface 0.37 cores, 0.65 of 2 cores idle",
+            ),
+            // A reader that keeps nothing missed the target too, and the surface beat it: Synapse
+            // sets the pace, and the cost per GiB says why (figures measured on one machine).
+            (
+                Clue::Inbound {
+                    encrypted: false,
+                    this: 527.0,
+                    curl: 670.0,
+                    curl_fsync: Some(459.0),
+                    sha: Some(2000.0),
+                    busy: Some(Busy {
+                        surface: 0.38,
+                        synapse: 0.97,
+                        of: 2.0,
+                        machine: Some(1.35),
+                    }),
+                    synapse_for_curl: Some(0.82),
+                    null: Some(469.0),
+                    synapse_for_null: Some(1.1),
+                },
+                "Synapse's pace, not the surface's work: a reader that keeps nothing (curl to \
+                 /dev/null) got 469 MiB/s, 0.70× curl writing the file, and the surface 1.12× \
+                 that; a GiB cost Synapse 1.9 CPU seconds serving the surface, 2.4 serving \
+                 curl→null, 1.3 serving curl writing the file: the faster its reader drains the \
+                 socket, the more each byte costs it",
+            ),
+            // The surface behind the reader that keeps nothing, Synapse at its limit: that hint,
+            // with what the reader that keeps nothing got beside it.
+            (
+                Clue::Inbound {
+                    encrypted: false,
+                    this: 407.0,
+                    curl: 606.0,
+                    curl_fsync: Some(479.0),
+                    sha: Some(2000.0),
+                    busy: Some(Busy {
+                        surface: 0.38,
+                        synapse: 0.98,
+                        of: 2.0,
+                        machine: Some(1.34),
+                    }),
+                    synapse_for_curl: Some(0.83),
+                    null: Some(488.0),
+                    synapse_for_null: Some(1.09),
+                },
+                "Synapse is at its limit: it kept 0.98 cores busy serving the surface's download \
+                 (0.83 while serving curl's; 2.5 CPU seconds per GiB for the surface, 1.4 for \
+                 curl), about all one Python process gets (its threads take turns holding the \
+                 GIL); the surface 0.38 cores, 0.66 of 2 cores idle; curl→null, the reader that \
+                 keeps nothing, got 488 MiB/s, a GiB costing Synapse 2.3 CPU seconds",
+            ),
+            // Without Synapse's cores, the rates alone.
+            (
+                beside_null(inbound(527.0, None, None), 469.0),
+                "Synapse's pace, not the surface's work: a reader that keeps nothing (curl to \
+                 /dev/null) got 469 MiB/s, 0.47× curl writing the file, and the surface 1.12× \
+                 that",
+            ),
+            // The surface well behind the reader that keeps nothing: its own path is in question.
+            (
+                beside_null(inbound(700.0, None, None), 900.0),
+                "43% slower than curl",
+            ),
+            // curl→null near curl: nothing to learn from it, the other hints decide.
+            (
+                beside_null(inbound(800.0, Some(500.0), None), 950.0),
+                "durability: 1.60× curl+fsync",
             ),
             (
                 outbound(5.0, Some(1.0)),

@@ -5,7 +5,7 @@
 //! bot's reply. Both instants come from inotify (creations and renames only), so nothing polls
 //! or wakes while the bytes move.
 //! Comparator: curl downloading the same media (the encrypted blob in an encrypted room) with the
-//! bot's token, without and with an fsync.
+//! bot's token, without and with an fsync, and to `/dev/null`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -103,6 +103,16 @@ impl Transfers<'_> {
         let curl_cores = curl_cpu.cores()?;
         check_len(&out, self.size)?;
         std::fs::remove_file(&out)?;
+        // The reader that keeps nothing: whether Synapse serves a reader that does less than
+        // curl writing a file any faster (it does not: its cost per byte rises the faster its
+        // reader drains the socket).
+        self.prime().await?;
+        let null_cpu = CpuWindow::open(s.stack.surface.pid())?;
+        let null = self
+            .curl
+            .download(&mxc, Path::new("/dev/null"), false)
+            .await?;
+        let null_cores = null_cpu.cores()?;
         self.prime().await?;
         let fsynced = self.curl.download(&mxc, &out, true).await?;
         check_len(&out, self.size)?;
@@ -118,6 +128,10 @@ impl Transfers<'_> {
                 Fig::InboundFsync(room),
                 Sample::new(rate, self.mib() / fsynced.secs),
             ),
+            (
+                Fig::InboundNull(room),
+                Sample::new(rate, self.mib() / null.secs),
+            ),
             (Fig::InboundNotice(room), Sample::alone(notice_ms)),
             (Fig::InboundCpu(room), cores.sample()),
             (Fig::InboundMachine(room), cores.machine_sample()),
@@ -125,7 +139,7 @@ impl Transfers<'_> {
                 Fig::InboundSynapseCurl(room),
                 Sample {
                     this: curl_cores.synapse,
-                    other: None,
+                    other: null_cores.synapse,
                 },
             ),
             (
