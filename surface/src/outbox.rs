@@ -436,8 +436,11 @@ mod tests {
         std::fs::write(outbox.join("second.txt"), b"2").unwrap();
         assert_eq!(next(&mut rx).await.path.file_name(), "second.txt");
         let during = watcher.events_seen() - before;
-        // The outbox file's own few events (create, open, write, close); none of the inbox's.
-        assert!(during < 10, "{during} events for 500 writes in an inbox");
+        // A watch on the inbox would see at least one event per write: 500. What is seen
+        // instead is the outbox files' own events (create, open, write, close) and, when the
+        // start's scan raced the first file, that file's events and the scan's folder opens
+        // arriving late: a dozen at most (11 seen once in CI, where 10 was the bound).
+        assert!(during < 50, "{during} events for 500 writes in an inbox");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
