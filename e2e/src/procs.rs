@@ -360,6 +360,18 @@ impl Stack {
         out
     }
 
+    /// The files under `dir` the surface has stored: [`Stack::files_under`] without dot-named
+    /// ones (a download still under its temporary name, `.partial-*`, renamed a moment later).
+    pub fn stored_files_under(&self, dir: &str) -> Vec<String> {
+        let mut out = self.files_under(dir);
+        out.retain(|f| {
+            !f.rsplit('/')
+                .next()
+                .is_some_and(|name| name.starts_with('.'))
+        });
+        out
+    }
+
     /// The turn the agent stored for Matrix event `event_id` (from its append-only chat logs
     /// under `AGENT_STATE_DIR/chats/`, the latest `end` line merged in): what the agent really
     /// received, and how the turn stands.

@@ -82,23 +82,18 @@ pub async fn hostile_names(stack: &Stack, attacker: &Room) -> Names {
             )),
         }
     }
-    // The new files holding one of these contents: a file of an earlier step of the suite
-    // landing late in the same inbox is neither counted nor mistaken for one of these, and
-    // neither is a download still under its temporary name (`.partial-*`, renamed a moment
-    // later: counted, it once let the wait end one file early).
+    // The new stored files holding one of these contents: a file of an earlier step of the
+    // suite landing late in the same inbox is neither counted nor mistaken for one of these, and
+    // a download still under its temporary name is not listed (counted, it once let the wait
+    // end one file early).
     let ours = |f: &String| {
-        let hidden = f
-            .rsplit('/')
-            .next()
-            .is_some_and(|name| name.starts_with('.'));
-        !hidden
-            && std::fs::read(stack.workspace.join(f.as_str()))
-                .is_ok_and(|bytes| expected.iter().any(|(_, content)| *content == bytes))
+        std::fs::read(stack.workspace.join(f.as_str()))
+            .is_ok_and(|bytes| expected.iter().any(|(_, content)| *content == bytes))
     };
     let stored: Vec<String> =
         e2e::eventually(TURN * 2, "every hostile name in the inbox", || async {
             let now: Vec<String> = stack
-                .files_under(&inbox)
+                .stored_files_under(&inbox)
                 .into_iter()
                 .filter(|f| !before.contains(f) && ours(f))
                 .collect();
