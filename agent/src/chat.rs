@@ -171,8 +171,18 @@ impl Chat {
             output,
             sent_files,
             error,
+            perceived: Default::default(),
         };
         self.state.lock().await.log.finish(end).await
+    }
+
+    /// Records durably what the agent made of turn `id`'s attachments.
+    pub async fn perceive(
+        &self,
+        id: &str,
+        perceived: std::collections::BTreeMap<WorkspacePath, crate::store::Perceived>,
+    ) -> Result<(), StoreError> {
+        self.state.lock().await.log.perceive(id, perceived).await
     }
 
     /// Whether `user` allowed `(tool, resource)` for good in this chat.

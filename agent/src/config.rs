@@ -35,6 +35,9 @@ pub struct Config {
     pub tool_policy: BTreeMap<String, Policy>,
     /// The MCP servers whose tools are offered next to the built-in ones.
     pub mcp: McpConfig,
+    /// Voice messages and audio files transcribed through an OpenAI-compatible
+    /// `/audio/transcriptions` server (`TRANSCRIBE_MODEL`; off when unset).
+    pub transcribe: Option<TranscribeConfig>,
     /// Limits and timeouts.
     pub limits: Limits,
     /// Commands that exist only for tests (`sendraw`, `sleep` in the builtin brain)
@@ -63,6 +66,86 @@ pub struct OpenAiConfig {
     pub api_key: Option<Secret>,
     /// Timeouts, retries and loop limits.
     pub tuning: ModelTuning,
+    /// Whether and how pictures are shown to the model.
+    pub vision: VisionConfig,
+}
+
+/// Whether the model is sent pictures (`OPENAI_VISION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionMode {
+    /// Sent; if the server refuses pictures, the turn is asked again without them and the
+    /// model is not sent any again (the default).
+    Auto,
+    /// Always sent; a refusal is a failed turn.
+    On,
+    /// Never sent: the model gets the files' details only.
+    Off,
+}
+
+/// How pictures reach the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisionConfig {
+    /// `OPENAI_VISION`, default `auto`.
+    pub mode: VisionMode,
+    /// Longest side of a picture as sent, in pixels (`OPENAI_IMAGE_EDGE`, default 1536).
+    pub long_edge: u32,
+    /// Most pictures shown with one message (`OPENAI_MAX_IMAGES`, default 4); `view_image`
+    /// shows more when the model asks.
+    pub max_images: usize,
+}
+
+impl Default for VisionConfig {
+    fn default() -> Self {
+        Self {
+            mode: VisionMode::Auto,
+            long_edge: 1536,
+            max_images: 4,
+        }
+    }
+}
+
+/// Settings of speech transcription.
+#[derive(Clone)]
+pub struct TranscribeConfig {
+    /// Base URL up to and including `/v1` (`TRANSCRIBE_BASE_URL`, default `OPENAI_BASE_URL`).
+    pub base_url: String,
+    /// Model name (`TRANSCRIBE_MODEL`, e.g. `whisper-1`).
+    pub model: String,
+    /// API key (`TRANSCRIBE_API_KEY`, default `OPENAI_API_KEY` when the server is the model
+    /// server). Never printed.
+    pub api_key: Option<Secret>,
+    /// Language of the speech, ISO-639-1 (`TRANSCRIBE_LANGUAGE`; the server guesses without).
+    pub language: Option<String>,
+    /// Text that guides the transcription: names, jargon (`TRANSCRIBE_PROMPT`).
+    pub prompt: Option<String>,
+    /// Longest wait for one transcription (`TRANSCRIBE_TIMEOUT`, default 120s).
+    pub timeout: Duration,
+    /// Tries while the server is unreachable, rate limiting or failing (`TRANSCRIBE_ATTEMPTS`,
+    /// default 3).
+    pub attempts: usize,
+    /// Longest recording sent (`TRANSCRIBE_MAX_DURATION`, default 15m).
+    pub max_duration: Duration,
+    /// Largest file sent (`TRANSCRIBE_MAX_SIZE`, default 25MiB, OpenAI's limit).
+    pub max_size: u64,
+    /// The room is shown what was heard (`TRANSCRIBE_SHOW`, default true).
+    pub show: bool,
+}
+
+impl fmt::Debug for TranscribeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TranscribeConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key)
+            .field("language", &self.language)
+            .field("prompt", &self.prompt.as_ref().map(|p| p.chars().count()))
+            .field("timeout", &self.timeout)
+            .field("attempts", &self.attempts)
+            .field("max_duration", &self.max_duration)
+            .field("max_size", &self.max_size)
+            .field("show", &self.show)
+            .finish()
+    }
 }
 
 impl OpenAiConfig {
@@ -77,6 +160,7 @@ impl OpenAiConfig {
             model: model.into(),
             api_key,
             tuning: ModelTuning::default(),
+            vision: VisionConfig::default(),
         }
     }
 }
@@ -207,6 +291,7 @@ pub const TOOL_NAMES: &[&str] = &[
     "ask_user",
     "dangerous_action",
     "describe_file",
+    "view_image",
     "remember",
     "recall",
     "forget",
@@ -241,6 +326,7 @@ impl fmt::Debug for Config {
             .field("brain", &self.brain)
             .field("tool_policy", &self.tool_policy)
             .field("mcp", &self.mcp)
+            .field("transcribe", &self.transcribe)
             .field("limits", &self.limits)
             .field("test_hooks", &self.test_hooks)
             .finish()
@@ -263,6 +349,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("model", &self.model)
             .field("api_key", &self.api_key)
             .field("tuning", &self.tuning)
+            .field("vision", &self.vision)
             .finish()
     }
 }
@@ -295,6 +382,7 @@ impl Config {
             brain: BrainConfig::Builtin,
             tool_policy: default_policies(),
             mcp: McpConfig::default(),
+            transcribe: None,
             limits: Limits::default(),
             test_hooks: false,
         }

@@ -16,6 +16,8 @@
 //! * [`chat`]: one chat's durable history, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).
 //! * [`describe`]: MIME sniffing, hashes, image sizes and previews of files.
+//! * [`perceive`]: what the agent makes of files people send: pictures prepared for vision
+//!   models (cached per file version), speech transcribed, PDF text extracted.
 //! * [`speaker`]: who wrote a turn, as the brains show it (a member's display name, cleaned,
 //!   beside the user id).
 //! * [`config`]: the typed configuration from environment variables (secrets redacted), tool
@@ -37,6 +39,7 @@ pub mod doctor;
 pub mod link;
 pub mod memory;
 pub mod metrics;
+pub mod perceive;
 pub mod server;
 pub mod session;
 pub mod speaker;

@@ -23,6 +23,10 @@ pub const MODEL_REQUESTS: &str = "mxbridge_agent_model_requests_total";
 pub const TOKENS: &str = "mxbridge_agent_model_tokens_total";
 /// Time to the model server's answer head, seconds.
 pub const MODEL_SECONDS: &str = "mxbridge_agent_model_latency_seconds";
+/// Recordings sent for transcription, by outcome (`ok` or a failure class).
+pub const TRANSCRIPTIONS: &str = "mxbridge_agent_transcriptions_total";
+/// Pictures prepared for the model, by outcome (`ok`, `cached`, `refused`).
+pub const IMAGES: &str = "mxbridge_agent_images_total";
 /// Turns accepted but not started yet, all chats together.
 pub const QUEUE_DEPTH: &str = "mxbridge_agent_queue_depth";
 /// How long turns waited from being accepted to starting, seconds.
@@ -53,6 +57,11 @@ fn install_recorder() -> Option<PrometheusHandle> {
     describe_counter!(TOOL_CALLS, "Tool calls, by tool and outcome.");
     describe_counter!(MODEL_REQUESTS, "Requests to the model server, by outcome.");
     describe_counter!(TOKENS, "Tokens the model server reported, by direction.");
+    describe_counter!(
+        TRANSCRIPTIONS,
+        "Recordings sent for transcription, by outcome."
+    );
+    describe_counter!(IMAGES, "Pictures prepared for the model, by outcome.");
     describe_histogram!(
         MODEL_SECONDS,
         Unit::Seconds,
@@ -87,6 +96,17 @@ pub fn model_request(outcome: &'static str, head: Option<Duration>) {
     if let Some(h) = head {
         metrics::histogram!(MODEL_SECONDS).record(h.as_secs_f64());
     }
+}
+
+/// A recording was transcribed (`ok`) or not (a failure class of `TranscribeError::label`).
+pub fn transcription(outcome: &'static str) {
+    metrics::counter!(TRANSCRIPTIONS, "outcome" => outcome).increment(1);
+}
+
+/// A picture was prepared for the model (`ok`), found prepared (`cached`) or not shown
+/// (`refused`).
+pub fn image(outcome: &'static str) {
+    metrics::counter!(IMAGES, "outcome" => outcome).increment(1);
 }
 
 /// Tokens the server reported for one request.

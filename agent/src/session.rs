@@ -3,6 +3,7 @@
 //! at a time, in order.
 
 mod handshake;
+mod hearing;
 mod worker;
 
 use std::sync::Arc;

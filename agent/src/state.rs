@@ -11,6 +11,7 @@ use crate::chat::Chats;
 use crate::config::Config;
 use crate::confine::Workspace;
 use crate::memory::{Memory, MemoryError};
+use crate::perceive::Perception;
 use crate::store::{Store, StoreError};
 use crate::tools::{Hub, Registry};
 
@@ -29,6 +30,8 @@ pub struct AppState {
     pub memory: Memory,
     /// The brain.
     pub brain: Arc<dyn Brain>,
+    /// Pictures for the model, transcription.
+    pub perception: Perception,
     /// Fires on shutdown.
     pub shutdown: CancellationToken,
     /// Tracks connection and turn tasks, so shutdown can wait for them.
@@ -78,6 +81,7 @@ impl AppState {
         }
         let registry = Arc::new(registry);
         let brain = brain::from_config(&config);
+        let perception = Perception::new(&config);
         Ok(Self {
             config: Arc::new(config),
             workspace,
@@ -85,6 +89,7 @@ impl AppState {
             registry,
             memory,
             brain,
+            perception,
             shutdown,
             tracker,
             metrics: crate::metrics::install(),

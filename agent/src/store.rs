@@ -89,6 +89,26 @@ pub struct TurnRecord {
     /// Why it failed, if it did.
     #[serde(default)]
     pub error: Option<String>,
+    /// What the agent made of its attachments (a voice message's words), worked out once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub perceived: BTreeMap<WorkspacePath, Perceived>,
+}
+
+/// What the agent made of an attachment, kept with its turn so that it is worked out once
+/// (the turn may run again after a restart, and later turns show it in their history).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Perceived {
+    /// The words heard in a voice message or audio file.
+    Heard {
+        /// The transcript (empty: nothing could be made out).
+        text: String,
+    },
+    /// It could not be transcribed: a sentence saying why, for the model and the room.
+    NotHeard {
+        /// Why.
+        why: String,
+    },
 }
 
 impl TurnRecord {
@@ -107,6 +127,7 @@ impl TurnRecord {
             output: String::new(),
             sent_files: Vec::new(),
             error: None,
+            perceived: BTreeMap::new(),
         }
     }
 
@@ -122,6 +143,7 @@ impl TurnRecord {
         self.output = end.output;
         self.sent_files = end.sent_files;
         self.error = end.error;
+        self.perceived = end.perceived;
     }
 }
 
@@ -141,6 +163,10 @@ pub struct TurnEnd {
     /// Why it failed, if it did.
     #[serde(default)]
     pub error: Option<String>,
+    /// What the agent made of the turn's attachments; an `end` line without it keeps what the
+    /// turn's previous `end` line had.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub perceived: BTreeMap<WorkspacePath, Perceived>,
 }
 
 /// What a brain sees of the turns before the one it answers.
@@ -319,6 +345,7 @@ mod tests {
             output: output.into(),
             sent_files: vec![],
             error: None,
+            perceived: BTreeMap::new(),
         }
     }
 
@@ -365,6 +392,38 @@ mod tests {
         assert_eq!((history.earlier, history.attachments), (2, 2));
         assert_eq!(history.recent.len(), 2);
         assert_eq!(history.recent[0].output, "one");
+    }
+
+    #[tokio::test]
+    async fn what_was_perceived_stays_with_the_turn_through_its_end_and_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let chat = ChatId::new("c1").unwrap();
+        let mut log = store.load(&chat).unwrap();
+        log.append_turn(&message(1, "$1")).await.unwrap();
+        let path = WorkspacePath::new("chats/c1/a").unwrap();
+        let heard = BTreeMap::from([(
+            path.clone(),
+            Perceived::Heard {
+                text: "hello there".into(),
+            },
+        )]);
+        log.perceive("$1", heard.clone()).await.unwrap();
+        assert_eq!(log.pending(), ["$1"], "still pending");
+        let (turn, _) = log.begin("$1").await.unwrap().unwrap();
+        assert_eq!(turn.perceived, heard);
+
+        let mut log = Store::open(dir.path()).unwrap().load(&chat).unwrap();
+        assert_eq!(log.pending(), ["$1"], "still pending after a restart");
+        log.finish(end("$1", "done")).await.unwrap();
+        let log = Store::open(dir.path()).unwrap().load(&chat).unwrap();
+        let turn = log.turn("$1").await.unwrap().unwrap();
+        assert_eq!(
+            (turn.status, turn.output.as_str()),
+            (TurnStatus::Completed, "done")
+        );
+        assert_eq!(turn.perceived, heard, "the end kept it");
+        assert!(log.pending().is_empty());
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
 
-pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, WriteFile};
+pub use files::{DescribeFile, ListFiles, ReadFile, SendFileTool, ViewImage, WriteFile};
 pub use interact::{AskUserTool, DangerousAction};
 pub use mcp::{ClientError, Hub, McpClient, McpError, McpTool};
 pub use memory::{Forget, Recall, Remember};
@@ -29,6 +29,7 @@ use crate::config::Policy;
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
 use crate::link::{Link, new_id};
 use crate::memory::Memory;
+use crate::perceive::Perception;
 
 /// Why a tool call did not produce a result. The message goes back to the brain.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +77,8 @@ pub struct ToolOutput {
     pub text: String,
     /// A file delivered to the room by this call.
     pub sent_file: Option<WorkspacePath>,
+    /// A picture the call asks to show the model (`view_image`).
+    pub picture: Option<WorkspacePath>,
 }
 
 impl From<String> for ToolOutput {
@@ -83,6 +86,7 @@ impl From<String> for ToolOutput {
         Self {
             text,
             sent_file: None,
+            picture: None,
         }
     }
 }
@@ -100,6 +104,8 @@ pub struct ToolCx<'a> {
     pub link: &'a Link,
     /// The agent's durable memory (the memory tools reach the user's and the room's scopes).
     pub memory: &'a Memory,
+    /// Pictures for the model (`view_image`).
+    pub perception: &'a Perception,
 }
 
 /// A tool: typed arguments and a function over the confined workspace.
@@ -230,6 +236,8 @@ pub struct ToolOutcome {
     pub output: String,
     /// A file the call delivered.
     pub sent_file: Option<WorkspacePath>,
+    /// A picture the call asks to show the model.
+    pub picture: Option<WorkspacePath>,
 }
 
 /// Decisions already taken during the current turn, so repeated requests for the same
@@ -271,6 +279,7 @@ impl Registry {
         add::<AskUserTool>(&mut tools);
         add::<DangerousAction>(&mut tools);
         add::<DescribeFile>(&mut tools);
+        add::<ViewImage>(&mut tools);
         add::<Remember>(&mut tools);
         add::<Recall>(&mut tools);
         add::<Forget>(&mut tools);
@@ -357,6 +366,7 @@ impl Registry {
                     ok: true,
                     output: out.text,
                     sent_file: out.sent_file,
+                    picture: out.picture,
                 }
             }
             Err(e) => {
@@ -365,6 +375,7 @@ impl Registry {
                     ok: false,
                     output: e.to_string(),
                     sent_file: None,
+                    picture: None,
                 }
             }
         };

@@ -11,6 +11,7 @@ use crate::connection::Closed;
 use crate::describe::{FileDescription, describe};
 use crate::link::{Link, new_id};
 use crate::memory::Memory;
+use crate::perceive::Perception;
 use crate::tools::{Registry, ToolCx, ToolOutcome, ToolSpec, TurnGrants};
 
 /// What a brain gets to act during one turn.
@@ -20,6 +21,7 @@ pub struct TurnIo {
     ws: ScopedWorkspace,
     registry: Arc<Registry>,
     memory: Memory,
+    perception: Perception,
     turn: String,
     /// Who started the turn.
     user: String,
@@ -35,6 +37,7 @@ impl TurnIo {
         ws: ScopedWorkspace,
         registry: Arc<Registry>,
         memory: Memory,
+        perception: Perception,
         turn: String,
         user: String,
     ) -> Self {
@@ -43,6 +46,7 @@ impl TurnIo {
             ws,
             registry,
             memory,
+            perception,
             turn,
             user,
             grants: TurnGrants::new(),
@@ -59,6 +63,24 @@ impl TurnIo {
     /// What the chat may touch.
     pub fn scope(&self) -> &ChatScope {
         &self.ws.scope
+    }
+
+    /// The agent's senses: pictures for the model, transcription.
+    pub fn perception(&self) -> &Perception {
+        &self.perception
+    }
+
+    /// The workspace as this chat may see it.
+    pub fn workspace(&self) -> &ScopedWorkspace {
+        &self.ws
+    }
+
+    /// Tells the room something in one plain sentence (a notice beside the answer, not part
+    /// of it).
+    pub async fn notice(&self, text: impl Into<String>) -> Result<(), Closed> {
+        self.link
+            .emit(protocol::CustomUpdate::notice(self.turn.clone(), text))
+            .await
     }
 
     /// The tools (for their schemas).
@@ -94,6 +116,7 @@ impl TurnIo {
             user: &self.user,
             link: &self.link,
             memory: &self.memory,
+            perception: &self.perception,
         };
         let outcome = self
             .registry

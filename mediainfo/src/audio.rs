@@ -45,15 +45,34 @@ pub fn audio<R: Read + Seek>(
     mime: &str,
     file_size: u64,
 ) -> Result<AudioFacts, MediaError> {
+    facts(reader, mime, file_size, true)
+}
+
+/// How long an audio file plays, as [`audio`] finds it but without decoding any sound for a
+/// waveform: the headers and, for Ogg, the last page only.
+pub fn audio_length<R: Read + Seek>(
+    reader: R,
+    mime: &str,
+    file_size: u64,
+) -> Result<Option<Duration>, MediaError> {
+    Ok(facts(reader, mime, file_size, false)?.duration)
+}
+
+fn facts<R: Read + Seek>(
+    reader: R,
+    mime: &str,
+    file_size: u64,
+    waveform: bool,
+) -> Result<AudioFacts, MediaError> {
     let mut reader = BufReader::new(reader);
     let mut magic = Vec::with_capacity(12);
     reader.seek(SeekFrom::Start(0))?;
     reader.by_ref().take(12).read_to_end(&mut magic)?;
     reader.seek(SeekFrom::Start(0))?;
     if magic.starts_with(b"OggS") {
-        ogg_opus(reader, file_size)
+        ogg_opus(reader, file_size, waveform)
     } else if magic.starts_with(b"RIFF") && magic.get(8..12) == Some(b"WAVE") {
-        wav(reader)
+        wav(reader, waveform)
     } else if magic.starts_with(b"fLaC") {
         flac(reader)
     } else if magic.get(4..8) == Some(b"ftyp") {
@@ -100,7 +119,11 @@ fn parse_opus_head(packet: &[u8]) -> Option<OpusHead> {
     })
 }
 
-fn ogg_opus<R: Read + Seek>(mut reader: R, file_size: u64) -> Result<AudioFacts, MediaError> {
+fn ogg_opus<R: Read + Seek>(
+    mut reader: R,
+    file_size: u64,
+    with_waveform: bool,
+) -> Result<AudioFacts, MediaError> {
     let (head, serial) = {
         let mut packets = PacketReader::new(&mut reader);
         let first = packets.next_packet()?.and_then(parse_opus_head);
@@ -119,7 +142,7 @@ fn ogg_opus<R: Read + Seek>(mut reader: R, file_size: u64) -> Result<AudioFacts,
         .map(|samples| samples_to_duration(samples, OPUS_RATE));
     // Channel mapping family 0 is mono or stereo, one Opus stream; the others (surround,
     // ambisonics) need a multistream decoder and are not voice notes anyway.
-    let decodable = head.mapping_family == 0 && matches!(head.channels, 1 | 2);
+    let decodable = with_waveform && head.mapping_family == 0 && matches!(head.channels, 1 | 2);
     let waveform = match duration {
         Some(d) if decodable && d <= WAVEFORM_MAX_DURATION && d > Duration::ZERO => {
             reader.seek(SeekFrom::Start(0))?;
@@ -134,7 +157,7 @@ fn ogg_opus<R: Read + Seek>(mut reader: R, file_size: u64) -> Result<AudioFacts,
     })
 }
 
-fn wav<R: Read + Seek>(reader: R) -> Result<AudioFacts, MediaError> {
+fn wav<R: Read + Seek>(reader: R, with_waveform: bool) -> Result<AudioFacts, MediaError> {
     let mut wav = hound::WavReader::new(reader).map_err(wav_error)?;
     let spec = wav.spec();
     let frames = wav.duration();
@@ -144,7 +167,7 @@ fn wav<R: Read + Seek>(reader: R) -> Result<AudioFacts, MediaError> {
         ));
     }
     let duration = samples_to_duration(u64::from(frames), spec.sample_rate);
-    let waveform = if frames == 0 {
+    let waveform = if frames == 0 || !with_waveform {
         None
     } else {
         wav_waveform(&mut wav, frames)?

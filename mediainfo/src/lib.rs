@@ -1,6 +1,6 @@
 //! What Matrix clients need to make outbound media look native, as Element sends it: image
 //! dimensions, a thumbnail and a blurhash; video size and duration; audio duration, whether a
-//! file is an Ogg/Opus voice note, and its waveform.
+//! file is an Ogg/Opus voice note, and its waveform; and pictures prepared for vision models.
 //!
 //! Pure and synchronous: functions over `std::io` readers, no async runtime, no Matrix types.
 //! Every input is treated as hostile: files are streamed or sought through (the one decoder
@@ -31,13 +31,15 @@
 mod audio;
 mod bounded;
 mod error;
+mod model_image;
 mod ogg;
 mod picture;
 mod video;
 mod waveform;
 
-pub use audio::{AudioFacts, audio};
+pub use audio::{AudioFacts, audio, audio_length};
 pub use error::MediaError;
+pub use model_image::{ModelImage, ModelImageError, for_model};
 pub use picture::{ImageFacts, Limits, Skipped, THUMBNAIL_MAX, Thumbnail, image};
 pub use video::{VideoFacts, video};
 

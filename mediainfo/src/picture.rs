@@ -128,6 +128,60 @@ pub fn image<R: BufRead + Seek>(
     file_size: u64,
     limits: &Limits,
 ) -> Result<ImageFacts, MediaError> {
+    let decoded = match decode(reader, limits)? {
+        Ok(decoded) => decoded,
+        Err((width, height, skipped)) => {
+            return Ok(ImageFacts {
+                width,
+                height,
+                blurhash: None,
+                thumbnail: None,
+                skipped: Some(skipped),
+            });
+        }
+    };
+    let (width, height) = decoded.upright_size();
+    let small = downscale(&decoded.pixels, decoded.orientation, THUMBNAIL_MAX);
+    drop(decoded);
+    let blurhash = blurhash_of(&small);
+    let (thumbnail, skipped) = match encode_thumbnail(&small) {
+        Ok(thumb) if (thumb.bytes.len() as u64) < file_size => (Some(thumb), None),
+        Ok(_) => (None, Some(Skipped::NotSmaller)),
+        Err(error) => (None, Some(Skipped::EncodeFailed(error.to_string()))),
+    };
+    Ok(ImageFacts {
+        width,
+        height,
+        blurhash,
+        thumbnail,
+        skipped,
+    })
+}
+
+/// A decoded picture (its first frame) and the EXIF orientation it is to be shown in.
+pub(crate) struct Decoded {
+    pub(crate) pixels: DynamicImage,
+    pub(crate) orientation: Orientation,
+}
+
+impl Decoded {
+    /// Width and height as displayed (EXIF rotation applied).
+    pub(crate) fn upright_size(&self) -> (u32, u32) {
+        upright(self.pixels.width(), self.pixels.height(), self.orientation)
+    }
+}
+
+/// Why a recognised picture was not decoded: its upright size (as far as the header told it)
+/// and the reason.
+pub(crate) type NotDecoded = (u32, u32, Skipped);
+
+/// Decodes the first frame of a PNG, JPEG, WebP or GIF within `limits`: the header's
+/// dimensions are checked before any pixel buffer exists. The outer error means the reader
+/// failed or the format is unknown; the inner one that the picture was refused or damaged.
+pub(crate) fn decode<R: BufRead + Seek>(
+    reader: R,
+    limits: &Limits,
+) -> Result<Result<Decoded, NotDecoded>, MediaError> {
     // The JPEG decoder reads the whole file into memory: it gets at most `max_alloc` bytes,
     // so a huge file costs no more than its decoded pixels may (a real photo is far smaller).
     let reader = Bounded::new(reader, limits.max_alloc)?;
@@ -147,18 +201,8 @@ pub fn image<R: BufRead + Seek>(
     let (raw_width, raw_height) = decoder.dimensions();
     // A missing or broken EXIF block is no reason to give up on the picture.
     let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
-    let (width, height) = if swaps_axes(orientation) {
-        (raw_height, raw_width)
-    } else {
-        (raw_width, raw_height)
-    };
-    let too_large = || ImageFacts {
-        width,
-        height,
-        blurhash: None,
-        thumbnail: None,
-        skipped: Some(Skipped::TooLarge { width, height }),
-    };
+    let (width, height) = upright(raw_width, raw_height, orientation);
+    let too_large = || Ok(Err((width, height, Skipped::TooLarge { width, height })));
     if raw_width == 0 || raw_height == 0 {
         return Err(MediaError::Malformed("the image has no pixels".into()));
     }
@@ -167,38 +211,29 @@ pub fn image<R: BufRead + Seek>(
         || u64::from(raw_width) * u64::from(raw_height) > limits.max_pixels
         || decoder.total_bytes() > limits.max_alloc
     {
-        return Ok(too_large());
+        return too_large();
     }
+    // Animated GIF and WebP decoders give their first frame here.
+    match DynamicImage::from_decoder(decoder) {
+        Ok(pixels) => Ok(Ok(Decoded {
+            pixels,
+            orientation,
+        })),
+        Err(ImageError::Limits(_)) => too_large(),
+        Err(error) => Ok(Err((
+            width,
+            height,
+            Skipped::Undecodable(error.to_string()),
+        ))),
+    }
+}
 
-    let decoded = match DynamicImage::from_decoder(decoder) {
-        Ok(decoded) => decoded,
-        Err(ImageError::Limits(_)) => return Ok(too_large()),
-        Err(error) => {
-            return Ok(ImageFacts {
-                width,
-                height,
-                blurhash: None,
-                thumbnail: None,
-                skipped: Some(Skipped::Undecodable(error.to_string())),
-            });
-        }
-    };
-
-    let small = downscale(&decoded, orientation);
-    drop(decoded);
-    let blurhash = blurhash_of(&small);
-    let (thumbnail, skipped) = match encode_thumbnail(&small) {
-        Ok(thumb) if (thumb.bytes.len() as u64) < file_size => (Some(thumb), None),
-        Ok(_) => (None, Some(Skipped::NotSmaller)),
-        Err(error) => (None, Some(Skipped::EncodeFailed(error.to_string()))),
-    };
-    Ok(ImageFacts {
-        width,
-        height,
-        blurhash,
-        thumbnail,
-        skipped,
-    })
+fn upright(width: u32, height: u32, orientation: Orientation) -> (u32, u32) {
+    if swaps_axes(orientation) {
+        (height, width)
+    } else {
+        (width, height)
+    }
 }
 
 /// A failure before the dimensions are known is a failure to read the file at all.
@@ -219,13 +254,17 @@ fn swaps_axes(orientation: Orientation) -> bool {
     )
 }
 
-/// Scales into [`THUMBNAIL_MAX`] (never up) and applies the EXIF orientation to the small
+/// Scales into `bounds` as displayed (never up) and applies the EXIF orientation to the small
 /// result rather than to the full-size image, which would copy it once more.
-fn downscale(full: &DynamicImage, orientation: Orientation) -> DynamicImage {
+pub(crate) fn downscale(
+    full: &DynamicImage,
+    orientation: Orientation,
+    bounds: (u32, u32),
+) -> DynamicImage {
     let (max_w, max_h) = if swaps_axes(orientation) {
-        (THUMBNAIL_MAX.1, THUMBNAIL_MAX.0)
+        (bounds.1, bounds.0)
     } else {
-        THUMBNAIL_MAX
+        bounds
     };
     let (w, h) = fit(full.width(), full.height(), max_w, max_h);
     let mut small = if (w, h) == (full.width(), full.height()) {

@@ -293,6 +293,29 @@ pub struct CustomUpdate {
     pub data: serde_json::Value,
 }
 
+impl CustomUpdate {
+    /// The `name` of an update that is a notice for the room: `data` is `{"text": …}`, one
+    /// plain sentence such as what was heard in a voice message. A surface that does not know
+    /// it ignores it, like any custom update.
+    pub const NOTICE: &'static str = "notice";
+
+    /// A notice for the room about `turn`.
+    pub fn notice(turn: impl Into<TurnId>, text: impl Into<String>) -> Self {
+        Self {
+            turn: turn.into(),
+            name: Self::NOTICE.to_owned(),
+            data: serde_json::json!({ "text": text.into() }),
+        }
+    }
+
+    /// The text of a notice update; `None` for any other update.
+    pub fn notice_text(&self) -> Option<&str> {
+        (self.name == Self::NOTICE)
+            .then(|| self.data.get("text").and_then(serde_json::Value::as_str))
+            .flatten()
+    }
+}
+
 /// Deliver a workspace file to the room.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendFile {

@@ -179,7 +179,20 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
                 display_name(path.file_name())
             ),
         };
-        io.say(format!("{block}\n")).await?;
+        // What was heard in a recording, transcribed before the turn ran.
+        let heard = turn.perceived.get(*path).map(|p| {
+            let info = turn.attachment_info.get(*path);
+            format!(
+                "- {}\n",
+                crate::perceive::heard_line(
+                    p,
+                    info.is_some_and(|i| i.voice),
+                    info.and_then(|i| i.duration_ms)
+                )
+            )
+        });
+        io.say(format!("{block}{}\n", heard.unwrap_or_default()))
+            .await?;
     }
 
     let reply = match parse(&turn.text, test_hooks) {

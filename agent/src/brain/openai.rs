@@ -2,22 +2,24 @@
 //! llama.cpp): streamed answers (server-sent events) and tool calling with the registry's
 //! generated schemas.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
+use protocol::{ChatId, WorkspacePath};
 use serde_json::{Value, json};
-use tracing::{debug, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::{Brain, BrainError, TurnInput};
-use crate::config::OpenAiConfig;
+use crate::config::{OpenAiConfig, VisionMode};
 use crate::turn::TurnIo;
 
 mod failure;
 mod history;
 mod request;
 mod stream;
+mod vision;
 
 pub use failure::{Failure, classify};
 pub use stream::{Assembler, Ending, PendingCall};
@@ -32,7 +34,14 @@ pub struct OpenAi {
     http: reqwest::Client,
     /// The server answered 400 to `stream_options` (it predates the field): not sent again.
     stream_options_refused: Arc<AtomicBool>,
+    /// The server refused pictures for this model (`OPENAI_VISION=auto`): none are sent again.
+    images_refused: Arc<AtomicBool>,
+    /// Chats told that the model cannot see pictures (once each).
+    told_blind: Arc<Mutex<HashSet<ChatId>>>,
 }
+
+/// The room's sentence, once per chat, when the model cannot see a picture it was sent.
+pub const BLIND_NOTICE: &str = "This model can't see images; I passed the file's details instead.";
 
 impl OpenAi {
     /// A brain for the server in `config`.
@@ -46,6 +55,8 @@ impl OpenAi {
             config,
             http,
             stream_options_refused: Arc::default(),
+            images_refused: Arc::default(),
+            told_blind: Arc::default(),
         }
     }
 }
@@ -63,7 +74,10 @@ impl Brain for OpenAi {
 impl OpenAi {
     #[instrument(skip_all, fields(chat_id = %input.chat_id, turn = %input.turn.id, model = %self.config.model))]
     async fn run(&self, input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
-        let mut messages = self.conversation(input, io);
+        let (mut messages, withheld) = self.conversation(input, io).await;
+        if withheld {
+            self.tell_blind(input, io).await?;
+        }
         let tools: Vec<Value> = io
             .tool_specs()
             .await
@@ -83,7 +97,13 @@ impl OpenAi {
         let rounds = self.config.tuning.max_rounds;
         for round in 0..rounds {
             debug!(round, "model request");
+            let was_refused = self.images_refused.load(Ordering::Relaxed);
             let assembled = self.complete(&messages, &tools, io).await?;
+            if !was_refused && self.images_refused.load(Ordering::Relaxed) {
+                // Asked again without them: later rounds do not send them either.
+                vision::strip_images(&mut messages);
+                self.tell_blind(input, io).await?;
+            }
             if assembled.ending() == Ending::CutOff {
                 // Arguments cut off mid-way are not a call: nothing is run.
                 warn!(
@@ -128,13 +148,20 @@ impl OpenAi {
             if calls.is_empty() {
                 return Ok(());
             }
+            let mut pictures = Vec::new();
             for call in calls {
-                let content = self.run_call(&call, &mut calls_made, io).await;
+                let (content, picture) = self.run_call(&call, &mut calls_made, io).await;
                 messages.push(json!({
                     "role": "tool",
                     "tool_call_id": call.id,
                     "content": content,
                 }));
+                pictures.extend(picture);
+            }
+            // Tool results carry text only: pictures a tool showed follow them as a user
+            // message.
+            if !pictures.is_empty() {
+                messages.push(self.pictures_message(&pictures, io).await);
             }
             if calls_made.repeats >= MAX_REPEATS {
                 warn!(round, "the model keeps repeating tool calls; stopping");
@@ -150,17 +177,26 @@ impl OpenAi {
     }
 
     /// Runs one tool call unless it repeats an earlier identical one (a model in a loop would
-    /// send one file eight times); returns what the model is told.
-    async fn run_call(&self, call: &PendingCall, made: &mut CallsMade, io: &mut TurnIo) -> String {
+    /// send one file eight times); returns what the model is told, and a picture the tool
+    /// showed (`view_image`).
+    async fn run_call(
+        &self,
+        call: &PendingCall,
+        made: &mut CallsMade,
+        io: &mut TurnIo,
+    ) -> (String, Option<WorkspacePath>) {
         let key = CallsMade::key(call);
         let read_only = io.registry().is_read_only(&call.name);
         let earlier = made.outputs.get(&key).cloned();
         if earlier.is_some() && !(read_only && self.config.tuning.rerun_when_changed) {
             made.repeats += 1;
             warn!(tool = %call.name, repeats = made.repeats, "the model repeated a tool call; not run");
-            return "error: you already made this exact call in this turn; its result is above. \
-                    Do not repeat it."
-                .to_owned();
+            return (
+                "error: you already made this exact call in this turn; its result is above. \
+                 Do not repeat it."
+                    .to_owned(),
+                None,
+            );
         }
         let outcome = io.call_tool(&call.name, &call.arguments).await;
         let content = if outcome.ok {
@@ -171,33 +207,110 @@ impl OpenAi {
         if earlier.as_ref() == Some(&content) {
             made.repeats += 1;
             warn!(tool = %call.name, repeats = made.repeats, "the model repeated a tool call; same result");
-            return format!(
-                "{content}\n(note: this is the same result as your identical earlier call; do not \
-                 repeat it)"
+            return (
+                format!(
+                    "{content}\n(note: this is the same result as your identical earlier call; \
+                     do not repeat it)"
+                ),
+                None,
             );
         }
         made.outputs.insert(key, content.clone());
-        content
+        let picture = outcome.picture.filter(|_| outcome.ok);
+        (content, picture)
     }
 
-    /// The system prompt, earlier turns and the current turn as chat messages.
-    fn conversation(&self, input: &TurnInput, io: &TurnIo) -> Vec<Value> {
+    /// Whether pictures go to the model now.
+    fn sees(&self) -> bool {
+        match self.config.vision.mode {
+            VisionMode::On => true,
+            VisionMode::Off => false,
+            VisionMode::Auto => !self.images_refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Tells the chat, once, that the model cannot see the pictures it was sent (only when
+    /// that was found out, not when the operator turned pictures off).
+    async fn tell_blind(&self, input: &TurnInput, io: &TurnIo) -> Result<(), BrainError> {
+        if self.config.vision.mode != VisionMode::Auto {
+            return Ok(());
+        }
+        let first = self
+            .told_blind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(input.chat_id.clone());
+        if first {
+            io.notice(BLIND_NOTICE).await?;
+        }
+        Ok(())
+    }
+
+    /// The system prompt, earlier turns and the current turn as chat messages, the current
+    /// turn's pictures attached when the model sees them; and whether pictures were withheld
+    /// because it does not.
+    async fn conversation(&self, input: &TurnInput, io: &TurnIo) -> (Vec<Value>, bool) {
         let system = format!(
             "You are an assistant in a Matrix chat. Files live in a shared workspace; paths are \
              relative to it. This chat's own folder is {own}/ (you may write there). Files users \
-             sent are listed with each message. Use the tools to read, describe, write and send \
-             files. Answer in Markdown.",
+             sent are listed with each message; pictures sent with the current message are \
+             attached to it, voice messages come with what was heard. Use the tools to read, \
+             describe, view, write and send files. Answer in Markdown.",
             own = io.scope().own_dir()
         );
         let mut messages = vec![json!({ "role": "system", "content": system })];
         for turn in history::fit(&input.history.recent, self.config.tuning.history_chars) {
-            messages.push(json!({ "role": "user", "content": history::user_content(turn) }));
+            let text = history::user_content(turn, &|p| history::earlier_note(turn, p));
+            messages.push(json!({ "role": "user", "content": text }));
             if !turn.output.is_empty() {
                 messages.push(json!({ "role": "assistant", "content": turn.output }));
             }
         }
-        messages.push(json!({ "role": "user", "content": history::user_content(&input.turn) }));
-        messages
+        let turn = &input.turn;
+        let pictures: Vec<&WorkspacePath> = turn
+            .all_attachments()
+            .filter(|p| history::is_picture(turn, p))
+            .collect();
+        let sees = self.sees();
+        let shown = if sees {
+            vision::show(
+                &pictures,
+                self.config.vision.max_images,
+                io.perception(),
+                io.workspace(),
+            )
+            .await
+        } else {
+            vision::Shown::withheld(&pictures, self.config.vision.mode)
+        };
+        let text = history::user_content(turn, &|p| {
+            history::heard_note(turn, p).or_else(|| shown.notes.get(p).cloned())
+        });
+        messages.push(vision::user_message(text, &shown));
+        let withheld = !sees && !pictures.is_empty();
+        (messages, withheld)
+    }
+
+    /// A user message showing the pictures tools asked to show.
+    async fn pictures_message(&self, pictures: &[WorkspacePath], io: &TurnIo) -> Value {
+        let refs: Vec<&WorkspacePath> = pictures.iter().collect();
+        let shown = if self.sees() {
+            vision::show(&refs, refs.len(), io.perception(), io.workspace()).await
+        } else {
+            vision::Shown::withheld(&refs, self.config.vision.mode)
+        };
+        let mut text = String::from("The pictures you asked to view:");
+        for p in pictures {
+            text.push_str(&format!("\n{p}"));
+            if let Some(n) = shown.notes.get(p) {
+                text.push_str(&format!(" {n}"));
+            }
+        }
+        info!(
+            pictures = shown.parts.len(),
+            "showing pictures a tool asked for"
+        );
+        vision::user_message(text, &shown)
     }
 
     /// One streamed completion; answer text is passed on to the surface as it arrives. The
@@ -225,7 +338,10 @@ impl OpenAi {
             &self.config,
             &body,
             io,
-            &self.stream_options_refused,
+            &request::Refusals {
+                stream_options: &self.stream_options_refused,
+                images: &self.images_refused,
+            },
         )
         .await
     }

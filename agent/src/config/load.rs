@@ -11,7 +11,7 @@ use settings::Problems;
 use super::mcp::{self, MCP_SEPARATOR, McpConfig, McpServerConfig};
 use super::{
     BrainConfig, Config, ConfigError, Limits, ModelTuning, OpenAiConfig, Policy, Secret,
-    TOOL_NAMES, default_policies, err,
+    TOOL_NAMES, TranscribeConfig, VisionConfig, VisionMode, default_policies, err,
 };
 
 impl Config {
@@ -41,6 +41,7 @@ impl Config {
             r.check(parse_policy(&spec, servers))
         };
         let brain = r.brain();
+        let transcribe = r.transcribe();
         let limits = r.limits();
         let test_hooks = match r.get("AGENT_TEST_HOOKS").as_deref().map(str::trim) {
             None | Some("0" | "false") => Some(false),
@@ -56,6 +57,7 @@ impl Config {
                 brain: brain?,
                 tool_policy: tool_policy?,
                 mcp: mcp?,
+                transcribe: transcribe?,
                 limits: limits?,
                 test_hooks: test_hooks?,
             })
@@ -205,6 +207,7 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
         };
         let max_rounds = self.count("OPENAI_MAX_ROUNDS", d.max_rounds);
         let history_chars = self.count("OPENAI_HISTORY_CHARS", d.history_chars);
+        let vision = self.vision();
         Some(OpenAiConfig {
             base_url: base_url?,
             model: model?,
@@ -219,7 +222,111 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
                 rerun_when_changed: rerun_when_changed?,
                 history_chars: history_chars?,
             },
+            vision: vision?,
         })
+    }
+
+    fn vision(&mut self) -> Option<VisionConfig> {
+        let d = VisionConfig::default();
+        let mode = match self.get("OPENAI_VISION").as_deref().map(str::trim) {
+            None | Some("auto") => Some(VisionMode::Auto),
+            Some("on") => Some(VisionMode::On),
+            Some("off") => Some(VisionMode::Off),
+            Some(_) => self.fail("OPENAI_VISION", "must be auto, on or off"),
+        };
+        let long_edge = match self.count("OPENAI_IMAGE_EDGE", d.long_edge as usize) {
+            Some(n) if (64..=8192).contains(&n) => u32::try_from(n).ok(),
+            Some(_) => self.fail("OPENAI_IMAGE_EDGE", "must be between 64 and 8192 pixels"),
+            None => None,
+        };
+        let max_images = self.count("OPENAI_MAX_IMAGES", d.max_images);
+        Some(VisionConfig {
+            mode: mode?,
+            long_edge: long_edge?,
+            max_images: max_images?,
+        })
+    }
+
+    /// Transcription settings; every one is checked even while `TRANSCRIBE_MODEL` is unset
+    /// (transcription off), so a typo shows before it is turned on.
+    fn transcribe(&mut self) -> Option<Option<TranscribeConfig>> {
+        let base_url = match self.get("TRANSCRIBE_BASE_URL") {
+            Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                self.fail("TRANSCRIBE_BASE_URL", "must start with http:// or https://")
+            }
+            Some(u) => Some(Some(u.trim_end_matches('/').to_owned())),
+            None => Some(None),
+        };
+        let model = self.get("TRANSCRIBE_MODEL").map(|m| m.trim().to_owned());
+        let own_key = self.get("TRANSCRIBE_API_KEY").map(Secret::new);
+        let language = match self.get("TRANSCRIBE_LANGUAGE").map(|l| l.trim().to_owned()) {
+            Some(l)
+                if !(2..=3).contains(&l.len()) || !l.bytes().all(|b| b.is_ascii_lowercase()) =>
+            {
+                self.fail(
+                    "TRANSCRIBE_LANGUAGE",
+                    "must be an ISO-639-1 code such as en or de",
+                )
+            }
+            l => Some(l),
+        };
+        let prompt = self.get("TRANSCRIBE_PROMPT");
+        let timeout = self.duration("TRANSCRIBE_TIMEOUT", Duration::from_secs(120));
+        let attempts = self.count("TRANSCRIBE_ATTEMPTS", 3);
+        let max_duration = self.duration("TRANSCRIBE_MAX_DURATION", Duration::from_secs(15 * 60));
+        let max_size = match self.get("TRANSCRIBE_MAX_SIZE") {
+            None => Some(25 * 1024 * 1024),
+            Some(v) => match v.trim().parse::<bytesize::ByteSize>() {
+                Ok(size) if size.as_u64() > 0 => Some(size.as_u64()),
+                Ok(_) => self.fail("TRANSCRIBE_MAX_SIZE", "must be greater than zero"),
+                Err(e) => self.fail("TRANSCRIBE_MAX_SIZE", format!("not a size like 25MiB: {e}")),
+            },
+        };
+        let show = match self.get("TRANSCRIBE_SHOW").as_deref().map(str::trim) {
+            None | Some("1" | "true") => Some(true),
+            Some("0" | "false") => Some(false),
+            Some(_) => self.fail("TRANSCRIBE_SHOW", "must be true or false"),
+        };
+        let (base_url, language, timeout, attempts, max_duration, max_size, show) = (
+            base_url?,
+            language?,
+            timeout?,
+            attempts?,
+            max_duration?,
+            max_size?,
+            show?,
+        );
+        let Some(model) = model else {
+            return Some(None);
+        };
+        // Without a URL of its own, the model server transcribes, with its key.
+        let (base_url, api_key) = match base_url {
+            Some(url) => (url, own_key),
+            None => match self.get("OPENAI_BASE_URL") {
+                Some(url) => (
+                    url.trim_end_matches('/').to_owned(),
+                    own_key.or_else(|| self.get("OPENAI_API_KEY").map(Secret::new)),
+                ),
+                None => {
+                    return self.fail(
+                        "TRANSCRIBE_BASE_URL",
+                        "is required with TRANSCRIBE_MODEL when OPENAI_BASE_URL is not set",
+                    );
+                }
+            },
+        };
+        Some(Some(TranscribeConfig {
+            base_url,
+            model,
+            api_key,
+            language,
+            prompt,
+            timeout,
+            attempts,
+            max_duration,
+            max_size,
+            show,
+        }))
     }
 
     fn limits(&mut self) -> Option<Limits> {

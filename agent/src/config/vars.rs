@@ -151,6 +151,66 @@ pub const VARS: &[Var] = &[
         "earlier turns sent along, in characters",
     ),
     Var::new(
+        "OPENAI_VISION",
+        "auto",
+        "send pictures to the model: auto (stop if refused), on or off",
+    ),
+    Var::new(
+        "OPENAI_IMAGE_EDGE",
+        "1536",
+        "longest side of a picture sent to the model, in pixels",
+    ),
+    Var::new(
+        "OPENAI_MAX_IMAGES",
+        "4",
+        "pictures shown with one message (view_image shows more)",
+    ),
+    Var::new(
+        "TRANSCRIBE_MODEL",
+        "",
+        "speech-to-text model (e.g. whisper-1); voice messages are transcribed when set",
+    ),
+    Var::new(
+        "TRANSCRIBE_BASE_URL",
+        "",
+        "transcription server, up to /v1 (default: OPENAI_BASE_URL)",
+    ),
+    Var::secret(
+        "TRANSCRIBE_API_KEY",
+        "its API key (default: OPENAI_API_KEY with the model server; never logged)",
+    ),
+    Var::new(
+        "TRANSCRIBE_LANGUAGE",
+        "",
+        "language of the speech, e.g. en (default: the server guesses)",
+    ),
+    Var::new(
+        "TRANSCRIBE_PROMPT",
+        "",
+        "words that guide the transcription (names, jargon)",
+    ),
+    Var::new(
+        "TRANSCRIBE_TIMEOUT",
+        "120s",
+        "longest wait for one transcription",
+    ),
+    Var::new(
+        "TRANSCRIBE_ATTEMPTS",
+        "3",
+        "tries of a transcription before giving up",
+    ),
+    Var::new(
+        "TRANSCRIBE_MAX_DURATION",
+        "15m",
+        "longest recording transcribed",
+    ),
+    Var::new(
+        "TRANSCRIBE_MAX_SIZE",
+        "25MiB",
+        "largest audio file transcribed",
+    ),
+    Var::new("TRANSCRIBE_SHOW", "true", "show the room what was heard"),
+    Var::new(
         "LOG_FORMAT",
         "text",
         "text or json (one JSON object per line)",

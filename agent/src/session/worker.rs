@@ -98,7 +98,7 @@ async fn run_turn(
     conn_cancel: &CancellationToken,
     running: &Running,
 ) {
-    let (turn, history, room_id) = match chat.begin(id).await {
+    let (mut turn, history, room_id) = match chat.begin(id).await {
         Ok(Some(begun)) => begun,
         Ok(None) => {
             // Finished already: its answer is sent again; it does not run, so no wait counts.
@@ -126,11 +126,18 @@ async fn run_turn(
     };
     let turn_cancel = conn_cancel.child_token();
     *running.lock().unwrap_or_else(|e| e.into_inner()) = Some((id.to_owned(), turn_cancel.clone()));
+    if let Some(transcriber) = &app.perception.transcriber {
+        tokio::select! {
+            _ = super::hearing::hear(transcriber, chat, link, &ws, &mut turn) => {}
+            _ = turn_cancel.cancelled() => {}
+        }
+    }
     let mut io = TurnIo::new(
         link.clone(),
         ws,
         app.registry.clone(),
         app.memory.clone(),
+        app.perception.clone(),
         id.to_owned(),
         turn.sender.user_id.clone(),
     );

@@ -390,14 +390,48 @@ impl ChatLog {
 
     /// Records how turn `id` ended; nothing happens for an unknown id.
     pub async fn finish(&mut self, end: TurnEnd) -> Result<(), StoreError> {
+        self.end(end, false).await
+    }
+
+    /// Records what the agent made of turn `id`'s attachments, durably (it is not worked out
+    /// again); the turn stays as it stands.
+    pub async fn perceive(
+        &mut self,
+        id: &str,
+        perceived: BTreeMap<WorkspacePath, Perceived>,
+    ) -> Result<(), StoreError> {
+        let Some(current) = self.turn(id).await? else {
+            return Ok(());
+        };
+        let end = TurnEnd {
+            id: id.to_owned(),
+            status: current.status,
+            output: current.output,
+            sent_files: current.sent_files,
+            error: current.error,
+            perceived,
+        };
+        self.end(end, true).await
+    }
+
+    /// Appends an `end` line for a stored turn (nothing happens for an unknown id). What the
+    /// turn's previous `end` line perceived is kept when `end` says nothing of it.
+    async fn end(&mut self, mut end: TurnEnd, durable: bool) -> Result<(), StoreError> {
         let Some(i) = self.locate_stored(&end.id) else {
             return Ok(());
         };
+        let previous = self.turns[i as usize].end;
+        if end.perceived.is_empty()
+            && previous != 0
+            && let Entry::End(before) = self.read(move |file| read_entry(file, previous)).await?
+        {
+            end.perceived = before.perceived;
+        }
         let (id, status) = (end.id.clone(), end.status);
-        // Not fsynced: the turn's admission was (before its ack). If a power loss takes this
-        // line, the turn runs again after the restart and the surface's transaction ids keep
-        // its posts from appearing twice; one fsync per turn instead of two.
-        let offsets = self.append(&[Entry::End(end)], false).await?;
+        // A turn's end is not fsynced: the turn's admission was (before its ack). If a power
+        // loss takes this line, the turn runs again after the restart and the surface's
+        // transaction ids keep its posts from appearing twice; one fsync per turn instead of two.
+        let offsets = self.append(&[Entry::End(end)], durable).await?;
         self.turns[i as usize].end = offsets[0];
         if status == TurnStatus::Pending {
             self.pending.insert(i, id);

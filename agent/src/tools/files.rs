@@ -132,6 +132,50 @@ impl Tool for DescribeFile {
     }
 }
 
+/// Look at a picture.
+#[derive(Debug)]
+pub struct ViewImage;
+
+/// Arguments of `view_image`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ViewImageArgs {
+    /// The picture (PNG, JPEG, WebP or GIF), relative to the workspace.
+    pub path: WorkspacePath,
+}
+
+impl Tool for ViewImage {
+    const NAME: &'static str = "view_image";
+    const READ_ONLY: bool = true;
+    const DESCRIPTION: &'static str = "Look at a picture the chat can see (one sent earlier, or one \
+         you made): it is shown to you after the tool results.";
+    type Args = ViewImageArgs;
+
+    fn resource(args: &Self::Args, _: &ChatScope) -> String {
+        args.path.to_string()
+    }
+
+    async fn call(args: Self::Args, cx: &ToolCx<'_>) -> Result<ToolOutput, ToolError> {
+        let picture = cx
+            .perception
+            .images
+            .prepare(cx.ws, &args.path)
+            .await
+            .map_err(|e| match e {
+                crate::perceive::ImageError::Confine(c) => ToolError::Confine(c),
+                other => ToolError::Failed(other.to_string()),
+            })?;
+        Ok(ToolOutput {
+            text: format!(
+                "{} is a {}x{} picture; it is shown to you below.",
+                args.path, picture.source_width, picture.source_height
+            ),
+            sent_file: None,
+            picture: Some(args.path),
+        })
+    }
+}
+
 /// Write a text file in the chat's own folder.
 #[derive(Debug)]
 pub struct WriteFile;
@@ -232,6 +276,7 @@ impl Tool for SendFileTool {
         Ok(ToolOutput {
             text,
             sent_file: Some(args.path),
+            picture: None,
         })
     }
 }

@@ -52,7 +52,7 @@ const AGENT: &[&[&str]] = &[
         "metrics",
         "store",
     ],
-    &["chat", "describe", "speaker"],
+    &["chat", "describe", "perceive", "speaker"],
     &["link"],
     &["tools"],
     &["turn"],

@@ -2,7 +2,7 @@
 
 use std::io::Cursor;
 
-use mediainfo::{Limits, audio, image, video};
+use mediainfo::{Limits, audio, for_model, image, video};
 
 use crate::{corpus, noise};
 
@@ -20,6 +20,7 @@ const CORPUS: [&str; 8] = [
 fn run_all(bytes: &[u8]) {
     let len = bytes.len() as u64;
     let _ = image(Cursor::new(bytes), len, &Limits::default());
+    let _ = for_model(Cursor::new(bytes), &Limits::default(), 1536);
     let _ = video(Cursor::new(bytes), len);
     for mime in ["audio/ogg", "audio/wav", "application/octet-stream"] {
         let _ = audio(Cursor::new(bytes), mime, len);

@@ -208,8 +208,9 @@ fn a_huge_file_is_read_only_up_to_max_alloc() {
     );
 }
 
-#[test]
-fn exif_rotation_is_applied() {
+/// A 1000x500 JPEG growing redder to the right, whose EXIF says to show it turned 90°
+/// clockwise (orientation 6).
+pub fn exif_rotated_jpeg() -> Vec<u8> {
     let (w, h) = (1000u32, 500u32);
     let landscape = ::image::RgbImage::from_fn(w, h, |x, _| ::image::Rgb([(x / 4) as u8, 0, 0]));
     let mut plain = Vec::new();
@@ -225,7 +226,13 @@ fn exif_rotation_is_applied() {
     jpeg.extend_from_slice(&(exif.len() as u16 + 2).to_be_bytes());
     jpeg.extend_from_slice(&exif);
     jpeg.extend_from_slice(&plain[2..]);
+    jpeg
+}
 
+#[test]
+fn exif_rotation_is_applied() {
+    let (w, h) = (1000u32, 500u32);
+    let jpeg = exif_rotated_jpeg();
     let facts = image(Cursor::new(&jpeg), 10 << 20, &Limits::default()).expect("facts");
     assert_eq!((facts.width, facts.height), (h, w));
     let thumb = facts.thumbnail.expect("a thumbnail");

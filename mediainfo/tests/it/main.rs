@@ -6,6 +6,7 @@
 mod audio;
 mod hostile;
 mod images;
+mod model_images;
 mod video;
 
 use std::io::{self, Read, Seek, SeekFrom};

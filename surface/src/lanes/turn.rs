@@ -193,6 +193,15 @@ impl TurnState {
                 self.flush(steps);
                 steps.push(Step::Ask(q));
             }
+            ToSurface::CustomUpdate(u) if mine(&u.turn) => {
+                if let Some(text) = u.notice_text().map(str::trim).filter(|t| !t.is_empty()) {
+                    self.flush(steps);
+                    steps.push(Step::Notice {
+                        text: text.to_owned(),
+                        purpose: "agent-notice",
+                    });
+                }
+            }
             ToSurface::Error(e) => {
                 steps.push(Step::AgentError(format!("{:?}: {}", e.code, e.message)))
             }
@@ -230,6 +239,7 @@ fn turn_of(m: &ToSurface) -> Option<&str> {
         ToSurface::SendFile(f) => Some(&f.turn),
         ToSurface::ApprovalRequest(r) => Some(&r.turn),
         ToSurface::AskUser(q) => Some(&q.turn),
+        ToSurface::CustomUpdate(u) => Some(&u.turn),
         ToSurface::End(e) => Some(&e.turn),
         _ => None,
     }
@@ -303,6 +313,34 @@ mod tests {
                         notice("⚠️ I could not finish this: failed", "turn-failed"),
                         Step::Finish(Outcome::Ended),
                     ],
+                ],
+            ),
+            (
+                "a notice from the agent is posted in order; other custom updates are not",
+                false,
+                vec![
+                    text("so far"),
+                    msg(
+                        json!({"type": "custom_update", "turn": "$t", "name": "notice",
+                        "data": {"text": "🎤 voice message: “hello”"}}),
+                    ),
+                    msg(
+                        json!({"type": "custom_update", "turn": "$t", "name": "progress",
+                        "data": {"text": "not for the room"}}),
+                    ),
+                    msg(
+                        json!({"type": "custom_update", "turn": "$other", "name": "notice",
+                        "data": {"text": "another turn's"}}),
+                    ),
+                ],
+                vec![
+                    vec![Step::Progress],
+                    vec![
+                        answer("so far"),
+                        notice("🎤 voice message: “hello”", "agent-notice"),
+                    ],
+                    vec![],
+                    vec![],
                 ],
             ),
             (

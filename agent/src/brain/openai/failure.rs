@@ -28,6 +28,13 @@ pub enum Failure {
         /// The server's message.
         said: String,
     },
+    /// The server refused the request's pictures (a model without vision).
+    ImagesRefused {
+        /// The HTTP status.
+        status: u16,
+        /// The server's message.
+        said: String,
+    },
     /// The stream went silent for longer than the idle timeout.
     Stalled(Duration),
     /// The stream broke or carried an error after it started.
@@ -46,6 +53,7 @@ impl Failure {
             Self::ModelNotFound => "model_not_found",
             Self::KeyRefused(_) => "key_refused",
             Self::Server { .. } => "server_error",
+            Self::ImagesRefused { .. } => "images_refused",
             Self::Stalled(_) => "stalled",
             Self::Broken(_) => "broken",
         }
@@ -71,6 +79,9 @@ impl Failure {
             }
             Self::Server { status, said } => {
                 format!("the model server answered HTTP {status}: {said}")
+            }
+            Self::ImagesRefused { status, said } => {
+                format!("the model server refused the pictures (HTTP {status}): {said}")
             }
             Self::Stalled(d) => format!(
                 "the model stopped sending for {}s in the middle of its answer",
@@ -109,6 +120,10 @@ pub fn classify(status: u16, body: &str, said: &str) -> Failure {
         400 | 413 | 422 if context_words.iter().any(|w| lower.contains(w)) => {
             Failure::ContextTooLong
         }
+        400 | 415 | 422 | 500 if refusal_of_images(&lower) => Failure::ImagesRefused {
+            status,
+            said: said.to_owned(),
+        },
         404 => Failure::ModelNotFound,
         400 if lower.contains("model") && lower.contains("not found") => Failure::ModelNotFound,
         _ => Failure::Server {
@@ -123,6 +138,21 @@ pub fn classify(status: u16, body: &str, said: &str) -> Failure {
 pub fn refuses_stream_options(failure: &Failure) -> bool {
     matches!(failure, Failure::Server { status: 400 | 422, said }
         if said.to_ascii_lowercase().contains("stream_options"))
+}
+
+/// Whether an error body (lowercased) speaks of pictures, vision or multimodal input: how
+/// llama.cpp (500, no mmproj), Ollama and vLLM (400, "multimodal") and OpenAI (400,
+/// `image_url`) refuse pictures for a model without vision. Recorded bodies:
+/// `tests/fixtures/openai/replay/*-vision-*.json`.
+fn refusal_of_images(lower: &str) -> bool {
+    ["image", "vision", "multimodal", "multi-modal", "mmproj"]
+        .iter()
+        .any(|w| lower.contains(w))
+}
+
+/// Whether `failure` is a server refusing the pictures in a request.
+pub fn refuses_images(failure: &Failure) -> bool {
+    matches!(failure, Failure::ImagesRefused { .. })
 }
 
 /// How long a `Retry-After` header asks to wait (seconds, or an HTTP date), if it is sane.
@@ -141,12 +171,37 @@ mod tests {
 
     use super::*;
 
+    /// The body of a recorded one-response replay fixture.
+    fn fixture(name: &str) -> String {
+        let path = format!(
+            "{}/tests/fixtures/openai/replay/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+        list[0]["body"].as_str().unwrap().to_owned()
+    }
+
     #[test]
     fn classes() {
         let llama_400 = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4133,"n_ctx":4096}}"#;
         let openai_400 = r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
         let ollama_404 = r#"{"error":{"message":"model \"llama9\" not found, try pulling it first","type":"api_error"}}"#;
+        let images = |status: u16| Failure::ImagesRefused {
+            status,
+            said: "said".into(),
+        };
+        let recorded = [
+            fixture("f-vision-llamacpp"),
+            fixture("g-vision-ollama"),
+            fixture("h-vision-vllm"),
+            fixture("i-vision-openai"),
+        ];
         let cases: &[(u16, &str, Failure)] = &[
+            (500, &recorded[0], images(500)),
+            (400, &recorded[1], images(400)),
+            (400, &recorded[2], images(400)),
+            (400, &recorded[3], images(400)),
             (429, "{}", Failure::RateLimited),
             (503, "Loading model", Failure::Busy),
             (401, "{}", Failure::KeyRefused(401)),

@@ -3,6 +3,8 @@
 //! character budget is spent, failed turns left out (an over-long message sent again would make
 //! every later turn fail the same way). Pure.
 
+use protocol::WorkspacePath;
+
 use crate::store::{TurnRecord, TurnStatus};
 
 /// Earlier turns sent along, at most.
@@ -30,11 +32,48 @@ pub fn fit(recent: &[TurnRecord], budget: usize) -> Vec<&TurnRecord> {
 
 /// Characters a turn adds to the request.
 fn cost(turn: &TurnRecord) -> usize {
-    user_content(turn).chars().count() + turn.output.chars().count()
+    user_content(turn, &|p| earlier_note(turn, p))
+        .chars()
+        .count()
+        + turn.output.chars().count()
 }
 
-/// A turn as the user message the model sees: context messages, the text, attachments.
-pub fn user_content(turn: &TurnRecord) -> String {
+/// Whether an attachment is a picture, by what the surface found while downloading it (or its
+/// name, for a file without download facts).
+pub fn is_picture(turn: &TurnRecord, path: &WorkspacePath) -> bool {
+    match turn.attachment_info.get(path) {
+        Some(info) => info.mime.starts_with("image/"),
+        None => mime_guess::from_path(path.file_name())
+            .first()
+            .is_some_and(|m| m.type_() == mime_guess::mime::IMAGE),
+    }
+}
+
+/// What an earlier turn's attachment adds to its line: a picture is a short placeholder (its
+/// bytes were sent with its own turn only, so a long chat costs no more per turn); a
+/// recording, what was heard.
+pub fn earlier_note(turn: &TurnRecord, path: &WorkspacePath) -> Option<String> {
+    if let Some(note) = heard_note(turn, path) {
+        return Some(note);
+    }
+    is_picture(turn, path)
+        .then(|| "[picture, shown when it was sent; call view_image to look again]".to_owned())
+}
+
+/// What was heard in a recording, as its line in a turn.
+pub fn heard_note(turn: &TurnRecord, path: &WorkspacePath) -> Option<String> {
+    let perceived = turn.perceived.get(path)?;
+    let info = turn.attachment_info.get(path);
+    Some(crate::perceive::heard_line(
+        perceived,
+        info.is_some_and(|i| i.voice),
+        info.and_then(|i| i.duration_ms),
+    ))
+}
+
+/// A turn as the user message the model sees: context messages, the text, attachments, each
+/// followed by `note(path)` when there is one.
+pub fn user_content(turn: &TurnRecord, note: &dyn Fn(&WorkspacePath) -> Option<String>) -> String {
     let mut content = String::new();
     for c in &turn.context {
         content.push_str(&format!(
@@ -44,6 +83,9 @@ pub fn user_content(turn: &TurnRecord) -> String {
         ));
         for a in &c.attachments {
             content.push_str(&format!("  attachment: {a}\n"));
+            if let Some(n) = note(a) {
+                content.push_str(&format!("    {n}\n"));
+            }
         }
     }
     content.push_str(&format!(
@@ -61,6 +103,9 @@ pub fn user_content(turn: &TurnRecord) -> String {
                 " (name {}, {}, {} bytes{note})",
                 info.name, info.mime, info.size
             ));
+        }
+        if let Some(n) = note(a) {
+            content.push_str(&format!("\n  {n}"));
         }
     }
     content
@@ -89,6 +134,7 @@ mod tests {
             output: output.into(),
             sent_files: vec![],
             error: None,
+            perceived: Default::default(),
         }
     }
 

@@ -13,10 +13,11 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tracing::warn;
 
-use super::failure::{Failure, classify, refuses_stream_options, retry_after};
+use super::failure::{Failure, classify, refuses_images, refuses_stream_options, retry_after};
 use super::stream::{self, Assembler, Ending};
+use super::vision;
 use crate::brain::BrainError;
-use crate::config::OpenAiConfig;
+use crate::config::{OpenAiConfig, VisionMode};
 use crate::turn::TurnIo;
 
 /// The longest `Retry-After` honoured; a server asking for more is treated as rate limiting.
@@ -29,31 +30,60 @@ struct Attempt {
     wait: Option<Duration>,
 }
 
+/// What the server was found to refuse; such parts are not sent again.
+#[derive(Debug)]
+pub(super) struct Refusals<'a> {
+    /// `stream_options` (servers older than the field).
+    pub(super) stream_options: &'a AtomicBool,
+    /// Pictures (a model without vision, with `OPENAI_VISION=auto`).
+    pub(super) images: &'a AtomicBool,
+}
+
 /// Sends `body` and streams the completion into an [`Assembler`], saying answer text through
-/// `io` as it comes. When the server refuses the body's `stream_options`, it is sent again
-/// without them and `stream_options_refused` is set, so later requests leave them out.
+/// `io` as it comes. When the server refuses the body's `stream_options`, or its pictures
+/// (with `OPENAI_VISION=auto`), it is sent again without them, once, and the refusal is
+/// recorded in `refused`, so later requests leave them out.
 pub(super) async fn complete(
     http: &reqwest::Client,
     config: &OpenAiConfig,
     body: &Value,
     io: &mut TurnIo,
-    stream_options_refused: &AtomicBool,
+    refused: &Refusals<'_>,
 ) -> Result<Assembler, BrainError> {
     let fail = |f: Failure| {
         crate::metrics::model_request(f.label(), None);
         BrainError::Model(f.message(&config.model))
     };
     let asked = std::time::Instant::now();
+    let has_images = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|m| vision::has_images(m));
     let response = match send(http, config, body).await {
         Err(f) if body.get("stream_options").is_some() && refuses_stream_options(&f) => {
             warn!(
                 "the model server refuses stream_options; asking without them from now on \
                  (token usage is counted only if the server reports it unasked)"
             );
-            stream_options_refused.store(true, Ordering::Relaxed);
+            refused.stream_options.store(true, Ordering::Relaxed);
             let mut plain = body.clone();
             if let Some(fields) = plain.as_object_mut() {
                 fields.remove("stream_options");
+            }
+            send(http, config, &plain).await
+        }
+        Err(f) if has_images && config.vision.mode == VisionMode::Auto && refuses_images(&f) => {
+            warn!(
+                model = %config.model,
+                refusal = %f.message(&config.model),
+                "the model server refuses pictures for this model; asking without them, and \
+                 sending none from now on (OPENAI_VISION=off says so from the start)"
+            );
+            crate::metrics::model_request(f.label(), None);
+            refused.images.store(true, Ordering::Relaxed);
+            let mut plain = body.clone();
+            if let Some(messages) = plain.get_mut("messages").and_then(Value::as_array_mut) {
+                vision::strip_images(messages);
             }
             send(http, config, &plain).await
         }
