@@ -19,3 +19,4 @@ mod persistence;
 mod replay;
 mod support;
 mod turns;
+mod vision;
