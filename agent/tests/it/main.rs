@@ -8,6 +8,7 @@ mod confinement;
 mod connection;
 mod doctor;
 mod fuzz;
+mod hearing;
 mod history_cost;
 mod hostile;
 mod mcp;

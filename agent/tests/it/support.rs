@@ -88,8 +88,13 @@ impl TestAgent {
 
     /// Stops and starts again on the same workspace and state directory.
     pub async fn restart(&mut self) {
+        self.restart_with(|_| {}).await;
+    }
+
+    /// Stops the agent and starts it again on the same folders with `tweak`ed settings.
+    pub async fn restart_with(&mut self, tweak: impl FnOnce(&mut Config)) {
         self.stop().await;
-        self.launch(|_| {}).await;
+        self.launch(tweak).await;
     }
 
     pub fn url(&self, chat: &str) -> String {
