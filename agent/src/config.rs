@@ -40,6 +40,10 @@ pub struct Config {
     pub transcribe: Option<TranscribeConfig>,
     /// Limits and timeouts.
     pub limits: Limits,
+    /// The program that reads PDFs in a child process under limits: this binary, run as
+    /// `agent __pdf-text` (not a setting: the running executable; tests point it at the built
+    /// `agent` binary).
+    pub pdf_helper: PathBuf,
     /// Commands that exist only for tests (`sendraw`, `sleep` in the builtin brain)
     /// (`AGENT_TEST_HOOKS=1`, default off). Never enable it in a deployment: `sendraw` names a
     /// path to the surface without checking it.
@@ -371,6 +375,12 @@ fn err(var: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// The running program, which is the PDF helper too (`agent` on the `PATH` if it cannot be
+/// found).
+pub fn own_executable() -> PathBuf {
+    std::env::current_exe().unwrap_or_else(|_| PathBuf::from("agent"))
+}
+
 impl Config {
     /// A configuration for tests and embedding: builtin brain, default policies and limits.
     pub fn new(token: &str, workspace_root: PathBuf, state_dir: PathBuf) -> Self {
@@ -384,6 +394,7 @@ impl Config {
             mcp: McpConfig::default(),
             transcribe: None,
             limits: Limits::default(),
+            pdf_helper: own_executable(),
             test_hooks: false,
         }
     }

@@ -29,8 +29,21 @@ const SUBCOMMANDS: &[(&str, &str)] = &[(
      when all are ok",
 )];
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // The PDF helper: a child of the agent itself, limited, no runtime, no logging.
+    if std::env::args_os().nth(1).as_deref() == Some(agent::perceive::pdf::HELPER_ARG.as_ref()) {
+        return agent::perceive::pdf::helper_main();
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("agent: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let cmd = settings::command("agent", env!("CARGO_PKG_VERSION"), ABOUT, VARS, SUBCOMMANDS);
     let lookup = match settings::parse(cmd, VARS, std::env::args_os(), |k| std::env::var(k).ok()) {
         Ok(settings::Invocation::Run(l)) => l,

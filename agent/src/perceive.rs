@@ -4,13 +4,14 @@
 //! and runs off the async threads.
 
 pub mod images;
-// pdf: next
+pub mod pdf;
 pub mod transcribe;
 
 use crate::config::{BrainConfig, Config, VisionConfig};
 use crate::store::Perceived;
 
 pub use images::{ImageError, Images, data_url};
+pub use pdf::{PdfError, PdfText, Pdfs};
 pub use transcribe::{TranscribeError, Transcriber, Transcript};
 
 /// The agent's senses, shared by every turn. Cheap to clone.
@@ -20,6 +21,8 @@ pub struct Perception {
     pub images: Images,
     /// Speech to text, when configured.
     pub transcriber: Option<Transcriber>,
+    /// PDF text, read in a limited child process.
+    pub pdfs: Pdfs,
 }
 
 impl Perception {
@@ -32,6 +35,7 @@ impl Perception {
         Self {
             images: Images::new(vision.long_edge),
             transcriber: config.transcribe.clone().map(Transcriber::new),
+            pdfs: Pdfs::new(config.pdf_helper.clone()),
         }
     }
 }

@@ -283,12 +283,38 @@ impl OpenAi {
         } else {
             vision::Shown::withheld(&pictures, self.config.vision.mode)
         };
+        let documents = self.documents(turn, io).await;
         let text = history::user_content(turn, &|p| {
-            history::heard_note(turn, p).or_else(|| shown.notes.get(p).cloned())
+            history::heard_note(turn, p)
+                .or_else(|| shown.notes.get(p).cloned())
+                .or_else(|| documents.get(p).cloned())
         });
         messages.push(vision::user_message(text, &shown));
         let withheld = !sees && !pictures.is_empty();
         (messages, withheld)
+    }
+
+    /// A note for each PDF the current turn carries: its page count, so the model knows what
+    /// `read_file` will give (or why it cannot read it).
+    async fn documents(
+        &self,
+        turn: &crate::store::TurnRecord,
+        io: &TurnIo,
+    ) -> std::collections::BTreeMap<WorkspacePath, String> {
+        let mut notes = std::collections::BTreeMap::new();
+        let pdfs = turn.all_attachments().filter(|p| history::is_pdf(turn, p));
+        for path in pdfs.take(self.config.vision.max_images) {
+            let note = match io.perception().pdfs.text(io.workspace(), path).await {
+                Ok(pdf) => format!(
+                    "[PDF, {} page{}; read_file gives its text]",
+                    pdf.pages,
+                    if pdf.pages == 1 { "" } else { "s" }
+                ),
+                Err(e) => format!("[PDF that cannot be read: {e}]"),
+            };
+            notes.insert(path.clone(), note);
+        }
+        notes
     }
 
     /// A user message showing the pictures tools asked to show.

@@ -59,6 +59,7 @@ impl Config {
                 mcp: mcp?,
                 transcribe: transcribe?,
                 limits: limits?,
+                pdf_helper: super::own_executable(),
                 test_hooks: test_hooks?,
             })
         })();

@@ -74,7 +74,7 @@ pub struct ReadFileArgs {
 impl Tool for ReadFile {
     const NAME: &'static str = "read_file";
     const READ_ONLY: bool = true;
-    const DESCRIPTION: &'static str = "Read a UTF-8 text file the chat can see (at most 64 KiB).";
+    const DESCRIPTION: &'static str = "Read a UTF-8 text file the chat can see (at most 64 KiB); for a PDF, its page count and text.";
     type Args = ReadFileArgs;
 
     fn resource(args: &Self::Args, _: &ChatScope) -> String {
@@ -86,9 +86,18 @@ impl Tool for ReadFile {
         let limit = args.max_bytes.unwrap_or(MAX_READ_BYTES).min(MAX_READ_BYTES);
         let path = args.path;
         let (bytes, cut) = {
-            let path = path.clone();
+            let (ws, path) = (ws.clone(), path.clone());
             blocking(move || Ok(ws.read_prefix(&path, limit)?)).await?
         };
+        if crate::perceive::pdf::is_pdf(&bytes) {
+            let pdf = cx
+                .perception
+                .pdfs
+                .text(&ws, &path)
+                .await
+                .map_err(|e| ToolError::Failed(format!("{path}: {e}")))?;
+            return Ok(pdf_output(&pdf, limit as usize).into());
+        }
         if bytes.contains(&0) {
             return Err(ToolError::Failed(format!(
                 "{path} is not a text file; use describe_file"
@@ -100,6 +109,31 @@ impl Tool for ReadFile {
         }
         Ok(text.into())
     }
+}
+
+/// A PDF's text as `read_file` returns it: the page count first, then the text of the pages
+/// read (form feeds between pages), cut at `limit` bytes.
+fn pdf_output(pdf: &crate::perceive::PdfText, limit: usize) -> String {
+    let mut out = format!(
+        "PDF, {} page{}; text of page{} 1–{}:\n",
+        pdf.pages,
+        if pdf.pages == 1 { "" } else { "s" },
+        if pdf.read == 1 { "" } else { "s" },
+        pdf.read
+    );
+    if pdf.text.trim().is_empty() {
+        out.push_str("(no text found: the pages may be scanned images)");
+        return out;
+    }
+    let mut cut = limit.min(pdf.text.len());
+    while !pdf.text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    out.push_str(&pdf.text[..cut]);
+    if cut < pdf.text.len() || pdf.truncated {
+        out.push_str(&format!("\n[truncated after {cut} bytes of text]"));
+    }
+    out
 }
 
 /// Describe a file: MIME type, size, SHA-256, image size, first lines.

@@ -20,10 +20,13 @@ use crate::support::*;
 
 const VOICE: &[u8] = include_bytes!("../../../mediainfo/tests/corpus/voice.ogg");
 
-/// Every upload: the `Authorization` header and the multipart body.
+/// One upload: the `Authorization` header and the multipart body.
+type Upload = (Option<String>, Bytes);
+
+/// Every upload.
 #[derive(Clone, Default)]
 struct Heard {
-    uploads: Arc<Mutex<Vec<(Option<String>, Bytes)>>>,
+    uploads: Arc<Mutex<Vec<Upload>>>,
 }
 
 async fn transcriptions(

@@ -16,6 +16,7 @@ mod memory;
 mod metrics;
 mod model_faults;
 mod openai;
+mod pdf;
 mod persistence;
 mod replay;
 mod support;

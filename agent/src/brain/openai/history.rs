@@ -49,6 +49,14 @@ pub fn is_picture(turn: &TurnRecord, path: &WorkspacePath) -> bool {
     }
 }
 
+/// Whether an attachment is a PDF, by its download facts or its name.
+pub fn is_pdf(turn: &TurnRecord, path: &WorkspacePath) -> bool {
+    match turn.attachment_info.get(path) {
+        Some(info) => info.mime == "application/pdf",
+        None => path.file_name().to_ascii_lowercase().ends_with(".pdf"),
+    }
+}
+
 /// What an earlier turn's attachment adds to its line: a picture is a short placeholder (its
 /// bytes were sent with its own turn only, so a long chat costs no more per turn); a
 /// recording, what was heard.
