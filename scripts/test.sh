@@ -32,6 +32,10 @@ if ! "$MCP_VENV/bin/python" -c 'import mcp' 2>/dev/null; then
   python3 -m venv "$MCP_VENV" && "$MCP_VENV/bin/pip" install -q 'mcp==1.30.0'
 fi
 export MXBRIDGE_MCP_PYTHON="$MCP_VENV/bin/python"
+# Speech for the voice-message test: espeak-ng speaks a sentence, PocketSphinx (a pinned PyPI
+# package with its model) transcribes it behind e2e/transcribe_server.py; sets
+# MXBRIDGE_SPEECH_PYTHON.
+eval "$(scripts/speech.sh install)"
 
 # One feature resolution for every cargo command below: each selects the whole workspace
 # (`--exclude` or `-p` would unify dependency features differently and rebuild much of the tree).

@@ -24,6 +24,7 @@ mod media_look;
 mod offline;
 mod operations;
 mod outages;
+mod perceive;
 mod progress;
 mod recovery;
 mod scale_out;
