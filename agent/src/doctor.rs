@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use settings::Problems;
 
-pub use self::observe::{BindSeen, DirSeen, ModelsSeen, SentinelSeen};
-use crate::config::{BrainConfig, Config, ConfigError, OpenAiConfig};
+pub use self::observe::{BindSeen, DirSeen, ModelsSeen, SentinelSeen, VisionSeen};
+use crate::config::{BrainConfig, Config, ConfigError, OpenAiConfig, TranscribeConfig, VisionMode};
 use crate::server::without_userinfo;
 pub use settings::{Finding, Level};
 
@@ -62,11 +62,79 @@ pub async fn check(config: &Config) -> Vec<Finding> {
         state_dir(&config.state_dir, &observe::dir(&config.state_dir)),
         bind(config.bind, &observe::bind(config.bind).await),
     ];
-    findings.push(match &config.brain {
-        BrainConfig::Builtin => brain_builtin(),
-        BrainConfig::OpenAi(o) => model_server(o, &observe::models(o).await),
-    });
+    match &config.brain {
+        BrainConfig::Builtin => findings.push(brain_builtin()),
+        BrainConfig::OpenAi(o) => {
+            findings.push(model_server(o, &observe::models(o).await));
+            findings.push(vision(o, &observe::vision(o).await));
+        }
+    }
+    findings.push(transcription(config.transcribe.as_ref()));
     findings
+}
+
+/// Whether the model sees the pictures it will be sent, as its server says.
+pub fn vision(config: &OpenAiConfig, seen: &VisionSeen) -> Finding {
+    const CHECK: &str = "vision";
+    let model = &config.model;
+    let (says, sees) = match seen {
+        VisionSeen::LlamaCpp(sees) => ("llama.cpp's /props", *sees),
+        VisionSeen::Ollama(sees) => ("Ollama's /api/show", *sees),
+        VisionSeen::Unknown => ("", false),
+    };
+    match (config.vision.mode, seen) {
+        (VisionMode::Off, _) => Finding::new(
+            Level::Ok,
+            CHECK,
+            "pictures are not sent to the model (OPENAI_VISION=off); it gets their details",
+        ),
+        (_, VisionSeen::Unknown) => Finding::new(
+            Level::Ok,
+            CHECK,
+            format!(
+                "the server does not say whether {model:?} sees pictures; with \
+                 OPENAI_VISION=auto the first refusal turns them off"
+            ),
+        ),
+        (_, _) if sees => Finding::new(
+            Level::Ok,
+            CHECK,
+            format!("{says} says {model:?} sees pictures"),
+        ),
+        (mode, _) => Finding::new(
+            Level::Warn,
+            CHECK,
+            format!(
+                "{says} says {model:?} cannot see pictures: {}; load a multimodal projector \
+                 (llama.cpp --mmproj) or a vision model, or set OPENAI_VISION=off",
+                if mode == VisionMode::On {
+                    "with OPENAI_VISION=on every turn with a picture will fail"
+                } else {
+                    "the first picture will be refused and the room told"
+                }
+            ),
+        ),
+    }
+}
+
+/// Whether voice messages are transcribed, and by what.
+pub fn transcription(config: Option<&TranscribeConfig>) -> Finding {
+    match config {
+        None => Finding::new(
+            Level::Ok,
+            "transcription",
+            "off (set TRANSCRIBE_MODEL to transcribe voice messages)",
+        ),
+        Some(t) => Finding::new(
+            Level::Ok,
+            "transcription",
+            format!(
+                "voice messages go to {} with model {:?}",
+                without_userinfo(&t.base_url),
+                t.model
+            ),
+        ),
+    }
 }
 
 /// One failure per configuration problem (`FAIL  config: <problem>`).
@@ -488,5 +556,60 @@ mod tests {
             );
         }
         assert_eq!(brain_builtin().level, Level::Ok);
+    }
+    #[test]
+    fn vision_verdicts() {
+        use crate::config::{VisionConfig, VisionMode};
+        let config = |mode| {
+            let mut c = OpenAiConfig::new("http://127.0.0.1:1/v1", "m", None);
+            c.vision = VisionConfig {
+                mode,
+                ..VisionConfig::default()
+            };
+            c
+        };
+        let cases = [
+            (
+                VisionMode::Auto,
+                VisionSeen::LlamaCpp(true),
+                Level::Ok,
+                "/props says \"m\" sees",
+            ),
+            (
+                VisionMode::Auto,
+                VisionSeen::Ollama(true),
+                Level::Ok,
+                "/api/show says",
+            ),
+            (
+                VisionMode::Auto,
+                VisionSeen::LlamaCpp(false),
+                Level::Warn,
+                "first picture will be refused",
+            ),
+            (
+                VisionMode::On,
+                VisionSeen::Ollama(false),
+                Level::Warn,
+                "every turn with a picture will fail",
+            ),
+            (
+                VisionMode::Auto,
+                VisionSeen::Unknown,
+                Level::Ok,
+                "does not say",
+            ),
+            (
+                VisionMode::Off,
+                VisionSeen::LlamaCpp(false),
+                Level::Ok,
+                "OPENAI_VISION=off",
+            ),
+        ];
+        for (mode, seen, level, words) in cases {
+            let f = vision(&config(mode), &seen);
+            assert_eq!(f.level, level, "{mode:?} {seen:?}: {f}");
+            assert!(f.to_string().contains(words), "{mode:?} {seen:?}: {f}");
+        }
     }
 }

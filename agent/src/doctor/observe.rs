@@ -265,6 +265,58 @@ pub async fn models(config: &OpenAiConfig) -> ModelsSeen {
     }
 }
 
+/// What the model server says about the model seeing pictures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VisionSeen {
+    /// llama.cpp's `GET /props`: `modalities.vision` (true only with a multimodal projector).
+    LlamaCpp(bool),
+    /// Ollama's `POST /api/show`: whether `capabilities` has `vision`.
+    Ollama(bool),
+    /// The server says nothing about it (hosted APIs, vLLM).
+    Unknown,
+}
+
+/// Asks the server at `config.base_url` (without its `/v1`) whether the model sees pictures:
+/// llama.cpp's `/props`, then Ollama's `/api/show`.
+pub async fn vision(config: &OpenAiConfig) -> VisionSeen {
+    let Ok(http) = client(config.tuning.connect_timeout.min(ANSWER_TIMEOUT)) else {
+        return VisionSeen::Unknown;
+    };
+    let root = config.base_url.trim_end_matches('/');
+    let root = root.strip_suffix("/v1").unwrap_or(root);
+    let json = |r: reqwest::Response| async move {
+        if !r.status().is_success() {
+            return None;
+        }
+        let bytes = r.bytes().await.ok()?;
+        (bytes.len() <= MAX_BODY)
+            .then(|| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .flatten()
+    };
+    let mut props = http.get(format!("{root}/props"));
+    if let Some(key) = &config.api_key {
+        props = props.bearer_auth(key.expose());
+    }
+    if let Ok(r) = props.send().await
+        && let Some(v) = json(r).await
+        && let Some(vision) = v
+            .pointer("/modalities/vision")
+            .and_then(serde_json::Value::as_bool)
+    {
+        return VisionSeen::LlamaCpp(vision);
+    }
+    let show = http
+        .post(format!("{root}/api/show"))
+        .json(&serde_json::json!({ "model": config.model }));
+    if let Ok(r) = show.send().await
+        && let Some(v) = json(r).await
+        && let Some(caps) = v.get("capabilities").and_then(serde_json::Value::as_array)
+    {
+        return VisionSeen::Ollama(caps.iter().any(|c| c == "vision"));
+    }
+    VisionSeen::Unknown
+}
+
 fn client(connect_timeout: Duration) -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
