@@ -9,6 +9,7 @@
 #   scripts/bench.sh --runs 1 --size-mib 64 --messages 20 --rooms 4 --out /tmp/b.json
 #   scripts/bench.sh --runs 3 --only latency,inbound   # a focused experiment: those phases only
 #   MXBRIDGE_BENCH_SYNAPSE_CPUS=0 scripts/bench.sh      # Synapse's threads on core 0 only
+#   scripts/bench.sh --only perceive                   # a 12-MP photo for a vision model vs ImageMagick
 #
 # With the defaults it takes about 9 minutes on a 2-core machine (3 runs of 3 minutes: 45 s of
 # reply latency, mostly the paced series' pauses, 45 s of throughput, 85 s moving 1 GiB files
@@ -26,6 +27,11 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MXBRIDGE_CACHE/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 mkdir -p "$MXBRIDGE_CACHE" "$CARGO_TARGET_DIR"
 CARGO_TARGET_DIR="$(cd "$CARGO_TARGET_DIR" && pwd)"
+
+# The perceive phase compares with ImageMagick's `convert -resize` (Debian's /usr/bin/convert).
+if ! /usr/bin/convert -version 2>/dev/null | grep -q 'Version: ImageMagick'; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq imagemagick
+fi
 
 cargo build --release --workspace --locked
 

@@ -21,6 +21,9 @@ command -v curl >/dev/null || need_apt+=(curl)
 # Video posters: the surface uses ffmpeg when there is one, and the media test expects it.
 command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+# ImageMagick: the bench's smoke run prepares a picture for a model next to `convert -resize`
+# (Debian's; a stand-in earlier on the PATH does not count).
+/usr/bin/convert -version 2>/dev/null | grep -q 'Version: ImageMagick' || need_apt+=(imagemagick)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"

@@ -13,6 +13,7 @@ mod hints;
 mod legs;
 mod machine;
 mod media;
+pub mod perceive;
 mod report;
 mod rss;
 mod setup;
@@ -64,6 +65,13 @@ pub struct Args {
     /// For a focused experiment: the figures of the other phases are missing from the report.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Phase>,
+    /// (internal) Prepare this picture as the agent does for a vision model, and exit: the
+    /// `perceive` phase measures it in a process of its own.
+    #[arg(long, hide = true, requires = "prepared_out")]
+    pub prepare_image: Option<PathBuf>,
+    /// (internal) Where `--prepare-image` writes the prepared picture.
+    #[arg(long, hide = true)]
+    pub prepared_out: Option<PathBuf>,
 }
 
 /// A part of one run, for `--only`.
@@ -78,6 +86,8 @@ pub enum Phase {
     Inbound,
     /// The big file out of the agent's folder, plain and encrypted.
     Outbound,
+    /// Preparing a 12-megapixel photo for a vision model, next to ImageMagick.
+    Perceive,
 }
 
 /// What one benchmark measures, after `--smoke` and the defaults.
@@ -135,6 +145,7 @@ impl Sizes {
                     Phase::Throughput,
                     Phase::Inbound,
                     Phase::Outbound,
+                    Phase::Perceive,
                 ]
             } else {
                 args.only.clone()
@@ -157,6 +168,8 @@ impl Args {
             rounds: None,
             out: "bench.json".into(),
             only: Vec::new(),
+            prepare_image: None,
+            prepared_out: None,
         }
     }
 }
@@ -212,6 +225,22 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
         })
         .await?,
     );
+    let wants = |p: Phase| sizes.phases.contains(&p);
+    if wants(Phase::Perceive) {
+        // 12 megapixels, as a phone camera takes them (a tenth of that in the smoke run).
+        let (w, h) = if sizes.smoke {
+            (1200, 900)
+        } else {
+            (4000, 3000)
+        };
+        note(&format!(
+            "preparing a {w}x{h} photo for a vision model, and ImageMagick"
+        ));
+        out.extend(perceive::measure(w, h)?);
+    }
+    if sizes.phases.iter().all(|p| *p == Phase::Perceive) {
+        return Ok(out);
+    }
     note("starting agent, surface, users, echo bot");
     let s = setup::Setup::start(hs, sizes).await?;
     let media = media::Media::new(&hs.url, &s.user)?;
@@ -225,7 +254,6 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
             sizes.size_mib
         );
     }
-    let wants = |p: Phase| sizes.phases.contains(&p);
     if wants(Phase::Latency) {
         note("reply latency");
         // The surface's legs are taken from this phase only: later phases queue messages on
@@ -313,7 +341,7 @@ mod tests {
         assert_eq!((mixed.runs, mixed.size_mib, mixed.messages), (2, 64, 10));
         let zero = Sizes::resolve(&Args::parse_from(["bench", "--rooms", "0"]));
         assert_eq!(zero.rooms, 1, "at least one of everything");
-        assert_eq!(zero.phases.len(), 4, "every phase by default");
+        assert_eq!(zero.phases.len(), 5, "every phase by default");
         let only = Sizes::resolve(&Args::parse_from([
             "bench",
             "--only",

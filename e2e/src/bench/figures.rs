@@ -183,6 +183,12 @@ pub enum Fig {
     OneRoomProgress,
     /// The same for the many-rooms burst.
     RoomsProgress,
+    /// Preparing a 12-megapixel JPEG for a vision model, ms of the whole process (comparator:
+    /// ImageMagick's `convert -resize` of the same file).
+    ImagePrep,
+    /// Its peak RSS growth over where the process stood before, MiB (comparator: ImageMagick's
+    /// whole peak).
+    ImagePrepRss,
 }
 
 /// How a figure reads in the report.
@@ -252,6 +258,8 @@ impl Fig {
             Fig::Rooms,
             Fig::RoomsSending,
             Fig::RoomsProgress,
+            Fig::ImagePrep,
+            Fig::ImagePrepRss,
         ]);
         out
     }
@@ -268,6 +276,7 @@ impl Fig {
                 self,
                 Fig::InboundRss(_)
                     | Fig::OutboundRss(_)
+                    | Fig::ImagePrepRss
                     | Fig::InboundCpu(_)
                     | Fig::InboundSynapseCurl(_)
                     | Fig::InboundSynapsePreempted(_)
@@ -461,6 +470,20 @@ impl Fig {
                 "/msg",
                 "echo bot",
                 None,
+            ),
+            Fig::ImagePrep => s(
+                "image_prep_12mp_ms".into(),
+                "picture for a model".into(),
+                "ms",
+                "convert -resize",
+                Some(Target::RatioAtMost(1.0)),
+            ),
+            Fig::ImagePrepRss => s(
+                "image_prep_12mp_rss_growth_mib".into(),
+                "  peak RSS growth".into(),
+                "MiB",
+                "convert peak RSS",
+                Some(Target::AtMost(64.0)),
             ),
         }
     }

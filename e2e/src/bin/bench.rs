@@ -11,6 +11,10 @@ use e2e::bench::{Args, run};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let (Some(file), Some(out)) = (&args.prepare_image, &args.prepared_out) {
+        println!("{}", e2e::bench::perceive::prepare_child(file, out)?);
+        return Ok(());
+    }
     let report = run(&args).await?;
     print!("{}", report.table());
     report.write_json(&args.out)?;
