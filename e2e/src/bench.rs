@@ -88,6 +88,8 @@ pub enum Phase {
     Outbound,
     /// Preparing a 12-megapixel photo for a vision model, next to ImageMagick.
     Perceive,
+    /// Voice messages to their transcript: the bridge's own time.
+    Hear,
 }
 
 /// What one benchmark measures, after `--smoke` and the defaults.
@@ -146,6 +148,7 @@ impl Sizes {
                     Phase::Inbound,
                     Phase::Outbound,
                     Phase::Perceive,
+                    Phase::Hear,
                 ]
             } else {
                 args.only.clone()
@@ -269,6 +272,10 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
             .to_owned();
         out.extend(surface_legs(&legs_log));
     }
+    if wants(Phase::Hear) {
+        note("voice messages to their transcript");
+        out.extend(perceive::hear(&s, sizes.rounds.min(20)).await?);
+    }
     if wants(Phase::Throughput) {
         note("throughput");
         out.extend(conversation::throughput(&s, sizes).await?);
@@ -341,7 +348,7 @@ mod tests {
         assert_eq!((mixed.runs, mixed.size_mib, mixed.messages), (2, 64, 10));
         let zero = Sizes::resolve(&Args::parse_from(["bench", "--rooms", "0"]));
         assert_eq!(zero.rooms, 1, "at least one of everything");
-        assert_eq!(zero.phases.len(), 5, "every phase by default");
+        assert_eq!(zero.phases.len(), 6, "every phase by default");
         let only = Sizes::resolve(&Args::parse_from([
             "bench",
             "--only",

@@ -225,8 +225,7 @@ impl Lane {
                 let mut context_ids: Vec<String> =
                     context.iter().map(|(id, _)| id.clone()).collect();
                 let mut prepared = prepared;
-                if prepared.text.trim().is_empty()
-                    && !prepared.attachments.is_empty()
+                if prepared.may_get_caption()
                     && let Some((caption_id, caption)) = self.caption_for(&ev, ord).await
                 {
                     info!(caption_event_id = %caption_id, "file and caption become one turn");

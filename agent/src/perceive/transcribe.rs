@@ -118,6 +118,9 @@ pub struct Transcript {
     pub text: String,
     /// How long the recording plays.
     pub length: Option<Duration>,
+    /// Time spent in exchanges with the server (from sending each request to the end of its
+    /// answer), all attempts together: the server's share of the wait, not the agent's.
+    pub exchange: Duration,
 }
 
 impl Transcriber {
@@ -154,7 +157,8 @@ impl Transcriber {
         let length = measured.or(declared);
         check_bounds(size, length, &self.config)?;
         let started = std::time::Instant::now();
-        let attempt = || self.once(ws, path, &info.name, size);
+        let exchange = std::sync::Mutex::new(Duration::ZERO);
+        let attempt = || self.once(ws, path, &info.name, size, &exchange);
         let text = attempt
             .retry(
                 ExponentialBuilder::default()
@@ -174,7 +178,12 @@ impl Transcriber {
             ms = started.elapsed().as_millis() as u64,
             "recording transcribed"
         );
-        Ok(Transcript { text, length })
+        let exchange = exchange.into_inner().unwrap_or_else(|e| e.into_inner());
+        Ok(Transcript {
+            text,
+            length,
+            exchange,
+        })
     }
 
     /// One upload of the file, streamed from a fresh handle.
@@ -184,6 +193,7 @@ impl Transcriber {
         path: &WorkspacePath,
         name: &str,
         size: u64,
+        spent: &std::sync::Mutex<Duration>,
     ) -> Result<String, TranscribeError> {
         let opened = {
             let (ws, path) = (ws.clone(), path.clone());
@@ -226,9 +236,10 @@ impl Transcriber {
             })?;
             Ok::<_, TranscribeError>((status, text))
         };
-        let (status, text) = tokio::time::timeout(timeout, exchange)
-            .await
-            .map_err(|_| TranscribeError::NoAnswer(timeout))??;
+        let sent = std::time::Instant::now();
+        let answer = tokio::time::timeout(timeout, exchange).await;
+        *spent.lock().unwrap_or_else(|e| e.into_inner()) += sent.elapsed();
+        let (status, text) = answer.map_err(|_| TranscribeError::NoAnswer(timeout))??;
         if !status.is_success() {
             return Err(TranscribeError::Server {
                 status: status.as_u16(),

@@ -17,13 +17,17 @@ use crate::store::{Perceived, TurnRecord};
 const MAX_RECORDINGS: usize = 8;
 
 /// Transcribes `turn`'s recordings that have not been (a turn run again after a restart keeps
-/// what it heard), stores the result with the turn and tells the room.
+/// what it heard), stores the result with the turn and tells the room. `waited` is how long
+/// the turn waited in the queue: with the time here minus the transcription server's own, it is
+/// the agent's share of a voice message's way to its transcript (logged on `mxbridge_latency`
+/// as the leg `agent_hear`, for the benchmark).
 pub(super) async fn hear(
     transcriber: &Transcriber,
     chat: &Chat,
     link: &Link,
     ws: &ScopedWorkspace,
     turn: &mut TurnRecord,
+    waited: std::time::Duration,
 ) {
     let recordings: Vec<_> = turn
         .attachments
@@ -40,10 +44,15 @@ pub(super) async fn hear(
     if recordings.is_empty() {
         return;
     }
+    let started = std::time::Instant::now();
+    let mut server = std::time::Duration::ZERO;
     let mut heard = BTreeMap::new();
     for (path, info) in &recordings {
         let perceived = match transcriber.transcribe(ws, path, info).await {
-            Ok(t) => Perceived::Heard { text: t.text },
+            Ok(t) => {
+                server += t.exchange;
+                Perceived::Heard { text: t.text }
+            }
             Err(e) => {
                 warn!(%path, error = %e, failure = e.label(), "recording not transcribed");
                 crate::metrics::transcription(e.label());
@@ -60,6 +69,11 @@ pub(super) async fn hear(
         // Not fatal: the turn goes on with what was heard; a rerun would transcribe again.
         warn!(error = %e, "could not store what was heard");
     }
+    let own = (waited + started.elapsed()).saturating_sub(server);
+    let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    tracing::debug!(target: "mxbridge_latency", leg = "agent_hear", us = us(own));
+    // What was subtracted: the transcription server's share.
+    tracing::debug!(target: "mxbridge_latency", leg = "agent_hear_server", us = us(server));
     for (path, perceived) in &heard {
         let info = &turn.attachment_info[path];
         let text = match perceived {

@@ -128,7 +128,7 @@ async fn run_turn(
     *running.lock().unwrap_or_else(|e| e.into_inner()) = Some((id.to_owned(), turn_cancel.clone()));
     if let Some(transcriber) = &app.perception.transcriber {
         tokio::select! {
-            _ = super::hearing::hear(transcriber, chat, link, &ws, &mut turn) => {}
+            _ = super::hearing::hear(transcriber, chat, link, &ws, &mut turn, waited) => {}
             _ = turn_cancel.cancelled() => {}
         }
     }

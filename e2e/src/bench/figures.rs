@@ -189,6 +189,10 @@ pub enum Fig {
     /// Its peak RSS growth over where the process stood before, MiB (comparator: ImageMagick's
     /// whole peak).
     ImagePrepRss,
+    /// The bridge's own time on a voice message's way from the `/sync` response to the
+    /// transcript in the agent, the transcription server's exchange subtracted, ms (comparator:
+    /// that exchange).
+    VoiceOverhead(Stat),
 }
 
 /// How a figure reads in the report.
@@ -260,6 +264,8 @@ impl Fig {
             Fig::RoomsProgress,
             Fig::ImagePrep,
             Fig::ImagePrepRss,
+            Fig::VoiceOverhead(Stat::P50),
+            Fig::VoiceOverhead(Stat::P99),
         ]);
         out
     }
@@ -277,6 +283,7 @@ impl Fig {
                 Fig::InboundRss(_)
                     | Fig::OutboundRss(_)
                     | Fig::ImagePrepRss
+                    | Fig::VoiceOverhead(_)
                     | Fig::InboundCpu(_)
                     | Fig::InboundSynapseCurl(_)
                     | Fig::InboundSynapsePreempted(_)
@@ -477,6 +484,13 @@ impl Fig {
                 "ms",
                 "convert -resize",
                 Some(Target::RatioAtMost(1.0)),
+            ),
+            Fig::VoiceOverhead(stat) => s(
+                format!("voice_overhead_{}_ms", stat.as_str()),
+                format!("voice to transcript {}", stat.as_str()),
+                "ms",
+                "transcription server",
+                (stat == Stat::P50).then_some(Target::AtMost(20.0)),
             ),
             Fig::ImagePrepRss => s(
                 "image_prep_12mp_rss_growth_mib".into(),

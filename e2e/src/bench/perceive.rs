@@ -13,7 +13,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::figures::{Fig, RunFigures, Sample};
+use super::figures::{Fig, RunFigures, Sample, Stat};
+use super::setup::{Setup, TURN};
+use super::stats::{percentile, sorted};
 
 /// The long edge the agent sends by default (`OPENAI_IMAGE_EDGE`).
 pub const EDGE: u32 = 1536;
@@ -151,4 +153,82 @@ pub fn prepare_child(file: &Path, out: &Path) -> Result<String> {
         "height": prepared.height,
     })
     .to_string())
+}
+
+/// A transcription server that answers at once (`/v1/audio/transcriptions`, after reading the
+/// whole upload), for the hearing phase; returns its `/v1` URL.
+pub async fn fake_transcriber() -> Result<String> {
+    use axum::routing::post;
+    let router = axum::Router::new().route(
+        "/v1/audio/transcriptions",
+        post(|body: axum::body::Bytes| async move {
+            let _ = body.len();
+            (
+                [("content-type", "application/json")],
+                r#"{"text":"please call me back tomorrow morning"}"#,
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(url)
+}
+
+/// A 3-second Ogg/Opus voice note (mediainfo's corpus).
+const VOICE: &[u8] = include_bytes!("../../../mediainfo/tests/corpus/voice.ogg");
+
+/// The bridge's own time on a voice message's way to its transcript: `rounds` voice messages
+/// in the encrypted DM, one after the other, each until the room shows what was heard; per
+/// message, the surface's `sync_to_agent` (from the `/sync` response to the turn at the agent,
+/// the voice file's download included) plus the agent's `agent_hear` (from admitting the turn
+/// to the transcript stored, minus the transcription server's exchange), next to that
+/// exchange's time (`agent_hear_server`).
+pub async fn hear(s: &Setup, rounds: usize) -> Result<RunFigures> {
+    let surface_before = s.stack.surface.log().len();
+    let agent_before = s.stack.agent.log().len();
+    for i in 0..rounds {
+        let id = s
+            .alice
+            .send_voice(
+                &s.enc_dm,
+                &format!("voice-{i}.ogg"),
+                VOICE.to_vec(),
+                std::time::Duration::from_secs(3),
+            )
+            .await?;
+        s.wait_answer(&s.enc_dm, &s.bot, &id, TURN, |m| {
+            m.msgtype == "m.notice" && m.body.starts_with('🎤')
+        })
+        .await?;
+    }
+    let tail = |log: String, from: usize| log.get(from..).unwrap_or_default().to_owned();
+    let surface = super::legs::samples(&tail(s.stack.surface.log(), surface_before));
+    let agent = super::legs::samples(&tail(s.stack.agent.log(), agent_before));
+    let (Some(sync), Some(own), Some(server)) = (
+        surface.get("sync_to_agent"),
+        agent.get("agent_hear"),
+        agent.get("agent_hear_server"),
+    ) else {
+        bail!("no latency lines for the voice messages in the surface's or the agent's log");
+    };
+    super::note(&format!(
+        "voice legs, ms: surface sync_to_agent {sync:.1?}, agent_hear {own:.1?} (the agent \
+         opens a file only once it has been still for confine::SETTLE, 50 ms after its rename \
+         into the inbox), transcription server {server:.1?}"
+    ));
+    // One voice message at a time: the n-th line of each log is the n-th message's. The
+    // surface logs a line for every event it forwards; the last `rounds` are the voice notes.
+    let sync = &sync[sync.len().saturating_sub(own.len())..];
+    let total = sorted(sync.iter().zip(own).map(|(a, b)| a + b).collect());
+    let server = sorted(server.clone());
+    let mut out = RunFigures::new();
+    for stat in [Stat::P50, Stat::P99] {
+        if let (Some(t), Some(v)) = (percentile(&total, stat.p()), percentile(&server, stat.p())) {
+            out.insert(Fig::VoiceOverhead(stat), Sample::new(t, v));
+        }
+    }
+    Ok(out)
 }

@@ -20,6 +20,9 @@ pub const POLL: Duration = Duration::from_millis(5);
 const SURFACE_LOG: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
                            matrix_sdk_crypto::backups=error,mxbridge_latency=debug";
 
+/// The stack's usual agent log filter, plus the latency lines.
+const AGENT_LOG: &str = "info,mxbridge_latency=debug";
+
 /// Everything a run needs, started and warmed up.
 #[derive(Debug)]
 pub struct Setup {
@@ -47,9 +50,17 @@ impl Setup {
     /// Starts the stack and the users, opens the DMs and warms each up with one turn.
     pub async fn start(hs: &Homeserver, sizes: &Sizes) -> Result<Self> {
         let limit = format!("{}MiB", sizes.size_mib + 64);
+        // Voice messages are transcribed by a server that answers at once (the hearing phase).
+        let transcriber = super::perceive::fake_transcriber().await?;
         let opts = StackOptions {
             max_file_size: Some(limit.clone()),
-            agent_env: [("AGENT_MAX_FILE_SIZE".to_owned(), limit)].into(),
+            agent_env: [
+                ("AGENT_MAX_FILE_SIZE".to_owned(), limit),
+                ("TRANSCRIBE_MODEL".to_owned(), "bench-instant".to_owned()),
+                ("TRANSCRIBE_BASE_URL".to_owned(), transcriber),
+                ("RUST_LOG".to_owned(), AGENT_LOG.to_owned()),
+            ]
+            .into(),
             surface_env: [("RUST_LOG".to_owned(), SURFACE_LOG.to_owned())].into(),
             ..Default::default()
         };

@@ -33,6 +33,18 @@ pub(super) struct Prepared {
     pub failed_file: bool,
 }
 
+impl Prepared {
+    /// Whether a caption may still arrive as a text of its own (some clients send it as a
+    /// second event): only for a message of files and no text, and never for a voice message,
+    /// which clients record without a caption (waiting for one would hold every voice turn
+    /// back by [`CAPTION_SETTLE`]).
+    pub(super) fn may_get_caption(&self) -> bool {
+        self.text.trim().is_empty()
+            && !self.attachments.is_empty()
+            && !self.info.values().any(|i| i.voice)
+    }
+}
+
 impl Lane {
     /// A text message the same sender sent right after a file-only message: its caption, sent
     /// as a second event by some clients. Returns its event id and text.
@@ -182,6 +194,47 @@ impl Lane {
                 }
                 Err(())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_file_only_message_that_is_not_a_voice_message_waits_for_a_caption() {
+        let path = WorkspacePath::new("surfaces/matrix/u/r/inbox/a.ogg").unwrap();
+        let prepared = |text: &str, voice: Option<bool>| Prepared {
+            text: text.into(),
+            attachments: voice.map(|_| path.clone()).into_iter().collect(),
+            info: voice
+                .map(|voice| {
+                    let info = AttachmentInfo {
+                        name: "a.ogg".into(),
+                        mime: "audio/ogg".into(),
+                        size: 1,
+                        duration_ms: Some(1000),
+                        voice,
+                    };
+                    (path.clone(), info)
+                })
+                .into_iter()
+                .collect(),
+            failed_file: false,
+        };
+        let cases = [
+            ("", Some(false), true),
+            ("", Some(true), false),
+            ("listen", Some(false), false),
+            ("", None, false),
+        ];
+        for (text, voice, want) in cases {
+            assert_eq!(
+                prepared(text, voice).may_get_caption(),
+                want,
+                "{text:?} {voice:?}"
+            );
         }
     }
 }
