@@ -284,14 +284,18 @@ pub async fn vision(config: &OpenAiConfig) -> VisionSeen {
     };
     let root = config.base_url.trim_end_matches('/');
     let root = root.strip_suffix("/v1").unwrap_or(root);
-    let json = |r: reqwest::Response| async move {
+    let json = |mut r: reqwest::Response| async move {
         if !r.status().is_success() {
             return None;
         }
-        let bytes = r.bytes().await.ok()?;
-        (bytes.len() <= MAX_BODY)
-            .then(|| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-            .flatten()
+        let mut body = Vec::new();
+        while let Some(chunk) = r.chunk().await.ok()? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return None;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice::<serde_json::Value>(&body).ok()
     };
     let mut props = http.get(format!("{root}/props"));
     if let Some(key) = &config.api_key {

@@ -230,10 +230,7 @@ impl Transcriber {
                 TranscribeError::Unreachable
             })?;
             let status = response.status();
-            let text = response.text().await.map_err(|e| {
-                warn!(error = %e.without_url(), "transcription answer broke off");
-                TranscribeError::Unreachable
-            })?;
+            let text = bounded_text(response).await?;
             Ok::<_, TranscribeError>((status, text))
         };
         let sent = std::time::Instant::now();
@@ -253,6 +250,31 @@ impl Transcriber {
         match &self.config.api_key {
             Some(key) if !key.expose().is_empty() => said.replace(key.expose(), "[redacted]"),
             _ => said.to_owned(),
+        }
+    }
+}
+
+/// Longest answer read from a transcription server (a transcript of the longest recording
+/// allowed is far smaller); a longer one is refused, not buffered.
+const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// The answer's body as text, read in chunks up to [`MAX_ANSWER`].
+async fn bounded_text(mut response: reqwest::Response) -> Result<String, TranscribeError> {
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_ANSWER => {
+                body.extend_from_slice(&chunk);
+            }
+            Ok(Some(_)) => {
+                warn!("the transcription server's answer is larger than 4 MiB; refused");
+                return Err(TranscribeError::Malformed);
+            }
+            Ok(None) => return Ok(String::from_utf8_lossy(&body).into_owned()),
+            Err(e) => {
+                warn!(error = %e.without_url(), "transcription answer broke off");
+                return Err(TranscribeError::Unreachable);
+            }
         }
     }
 }

@@ -192,3 +192,83 @@ async fn an_agent_that_is_not_running_and_a_bad_configuration() {
         "{text}"
     );
 }
+
+/// A server that answers like llama.cpp's `/props` (a projector loaded or not) or Ollama's
+/// `/api/show` (the model's capabilities), in the shapes their sources give.
+async fn vision_server(llama: Option<bool>, ollama: Option<&'static [&'static str]>) -> String {
+    use axum::routing::post;
+    let mut router = axum::Router::new().route(
+        "/v1/models",
+        get(|| async { Json(json!({"data": [{"id": "m"}]})) }),
+    );
+    if let Some(vision) = llama {
+        router = router.route(
+            "/props",
+            get(move || async move {
+                Json(json!({"model_path": "m.gguf", "modalities": {"vision": vision, "audio": false}}))
+            }),
+        );
+    }
+    if let Some(caps) = ollama {
+        router = router.route(
+            "/api/show",
+            post(move || async move { Json(json!({"details": {}, "capabilities": caps})) }),
+        );
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+#[tokio::test]
+async fn the_doctor_reports_whether_the_model_sees_pictures_and_if_speech_is_heard() {
+    let agent = TestAgent::start().await;
+    let cases: [(Option<bool>, Option<&'static [&'static str]>, Level, &str); 4] = [
+        (
+            Some(true),
+            None,
+            Level::Ok,
+            "llama.cpp's /props says \"m\" sees pictures",
+        ),
+        (
+            Some(false),
+            None,
+            Level::Warn,
+            "llama.cpp's /props says \"m\" cannot see pictures",
+        ),
+        (
+            None,
+            Some(&["completion", "vision"]),
+            Level::Ok,
+            "Ollama's /api/show says \"m\" sees",
+        ),
+        (
+            None,
+            None,
+            Level::Ok,
+            "does not say whether \"m\" sees pictures",
+        ),
+    ];
+    for (llama, ollama, level, says) in cases {
+        let base = vision_server(llama, ollama).await;
+        let vars = [
+            ("AGENT_BRAIN", "openai"),
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("OPENAI_MODEL", "m"),
+            ("TRANSCRIBE_MODEL", "whisper-1"),
+        ];
+        let (report, text) = examine(&agent, &vars).await;
+        let vision = report
+            .findings
+            .iter()
+            .find(|f| f.check == "vision")
+            .unwrap();
+        assert_eq!(vision.level, level, "{text}");
+        assert!(vision.text.contains(says), "{text}");
+        assert!(
+            line(&text, "transcription").contains("voice messages go to http://127.0.0.1:"),
+            "{text}"
+        );
+    }
+}
