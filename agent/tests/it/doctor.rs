@@ -224,7 +224,14 @@ async fn vision_server(llama: Option<bool>, ollama: Option<&'static [&'static st
 #[tokio::test]
 async fn the_doctor_reports_whether_the_model_sees_pictures_and_if_speech_is_heard() {
     let agent = TestAgent::start().await;
-    let cases: [(Option<bool>, Option<&'static [&'static str]>, Level, &str); 4] = [
+    /// (`/props` vision, `/api/show` capabilities, the verdict, what it says)
+    type Case = (
+        Option<bool>,
+        Option<&'static [&'static str]>,
+        Level,
+        &'static str,
+    );
+    let cases: [Case; 4] = [
         (
             Some(true),
             None,
