@@ -24,6 +24,9 @@ mod vision;
 pub use failure::{Failure, classify};
 pub use stream::{Assembler, Ending, PendingCall};
 
+/// PDFs of one message whose page count the model is told (each is read by the helper).
+const MAX_DOCUMENTS: usize = 4;
+
 /// A model that repeats an identical call this often in one turn is stopped.
 const MAX_REPEATS: usize = 2;
 
@@ -303,7 +306,7 @@ impl OpenAi {
     ) -> std::collections::BTreeMap<WorkspacePath, String> {
         let mut notes = std::collections::BTreeMap::new();
         let pdfs = turn.all_attachments().filter(|p| history::is_pdf(turn, p));
-        for path in pdfs.take(self.config.vision.max_images) {
+        for path in pdfs.take(MAX_DOCUMENTS) {
             let note = match io.perception().pdfs.text(io.workspace(), path).await {
                 Ok(pdf) => format!(
                     "[PDF, {} page{}; read_file gives its text]",

@@ -148,9 +148,14 @@ async fn run_turn(
     };
     let started = std::time::Instant::now();
     metrics::gauge!(crate::metrics::RUNNING).increment(1.0);
-    let result = tokio::select! {
-        r = app.brain.run_turn(&input, &mut io) => Some(r),
-        _ = turn_cancel.cancelled() => None,
+    // A turn cancelled while its recordings were transcribed does not start.
+    let result = if turn_cancel.is_cancelled() {
+        None
+    } else {
+        tokio::select! {
+            r = app.brain.run_turn(&input, &mut io) => Some(r),
+            _ = turn_cancel.cancelled() => None,
+        }
     };
     metrics::gauge!(crate::metrics::RUNNING).decrement(1.0);
     *running.lock().unwrap_or_else(|e| e.into_inner()) = None;
