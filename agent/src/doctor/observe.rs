@@ -316,7 +316,8 @@ pub async fn vision(config: &OpenAiConfig) -> VisionSeen {
         && let Some(v) = json(r).await
         && let Some(caps) = v.get("capabilities").and_then(serde_json::Value::as_array)
     {
-        return VisionSeen::Ollama(caps.iter().any(|c| c == "vision"));
+        // Ollama says `vision`; llama-server's own `/api/show` says `multimodal`.
+        return VisionSeen::Ollama(caps.iter().any(|c| c == "vision" || c == "multimodal"));
     }
     VisionSeen::Unknown
 }
