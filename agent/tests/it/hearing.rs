@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
-use protocol::{AttachmentInfo, EndStatus, ToSurface, UserMessage};
+use protocol::{AttachmentInfo, EndStatus, UserMessage};
 
 use crate::support::*;
 
@@ -89,16 +89,6 @@ fn voice_message(agent: &TestAgent, seq: u64) -> UserMessage {
     m
 }
 
-fn notices(t: &Transcript) -> Vec<String> {
-    t.messages
-        .iter()
-        .filter_map(|m| match m {
-            ToSurface::CustomUpdate(u) => u.notice_text().map(str::to_owned),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_voice_message_is_transcribed_once_shown_to_the_room_and_read_by_the_brain() {
     let heard = Heard::default();
@@ -108,7 +98,7 @@ async fn a_voice_message_is_transcribed_once_shown_to_the_room_and_read_by_the_b
     let t = c.turn(voice_message(&agent, 1)).await;
     assert_eq!(t.end().status, EndStatus::Completed);
     let heard_line = "voice message, 3.0 s: “please call me back tomorrow morning”";
-    assert_eq!(notices(&t), [format!("🎤 {heard_line}")]);
+    assert_eq!(t.notices(), [format!("🎤 {heard_line}")]);
     assert!(
         t.text().contains(heard_line),
         "the builtin brain read the transcript: {}",
@@ -162,7 +152,7 @@ async fn a_recording_over_the_bounds_is_not_uploaded_and_the_room_is_told() {
     let t = c.turn(voice_message(&agent, 1)).await;
     assert_eq!(t.end().status, EndStatus::Completed, "the turn goes on");
     assert_eq!(
-        notices(&t),
+        t.notices(),
         [
             "⚠️ I could not transcribe the voice message: it is 3.0 s long, more than the 2.0 s I \
           transcribe. I'll go on with the file itself."
@@ -192,7 +182,7 @@ async fn a_transcription_server_that_is_down_costs_one_sentence() {
     let t = c.turn(voice_message(&agent, 1)).await;
     assert_eq!(t.end().status, EndStatus::Completed);
     assert_eq!(
-        notices(&t),
+        t.notices(),
         [
             "⚠️ I could not transcribe the voice message: the transcription server cannot be \
           reached. I'll go on with the file itself."

@@ -252,6 +252,17 @@ impl Transcript {
             .collect()
     }
 
+    /// The notices the agent asked the room to show (`custom_update` named `notice`).
+    pub fn notices(&self) -> Vec<String> {
+        self.messages
+            .iter()
+            .filter_map(|m| match m {
+                ToSurface::CustomUpdate(u) => u.notice_text().map(str::to_owned),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn sent_files(&self) -> Vec<&str> {
         self.messages
             .iter()

@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use base64::Engine as _;
-use protocol::{AttachmentInfo, EndStatus, ToSurface, UserMessage, WorkspacePath};
+use protocol::{AttachmentInfo, EndStatus, UserMessage, WorkspacePath};
 use serde_json::{Value, json};
 
 use crate::openai::{sse, tool_call};
@@ -170,16 +170,6 @@ fn with_files(
     m
 }
 
-fn notices(t: &Transcript) -> Vec<String> {
-    t.messages
-        .iter()
-        .filter_map(|m| match m {
-            ToSurface::CustomUpdate(u) => u.notice_text().map(str::to_owned),
-            _ => None,
-        })
-        .collect()
-}
-
 const BOMB: &[u8] = include_bytes!("../../../mediainfo/tests/corpus/bomb.png");
 
 #[tokio::test]
@@ -267,9 +257,10 @@ async fn a_model_that_refuses_pictures_is_asked_again_without_them_and_the_room_
         .await;
     assert_eq!(second.end().status, EndStatus::Completed);
 
-    let all: Vec<String> = notices(&first)
+    let all: Vec<String> = first
+        .notices()
         .into_iter()
-        .chain(notices(&second))
+        .chain(second.notices())
         .collect();
     assert_eq!(all, [BLIND_NOTICE], "one notice for the chat");
 
