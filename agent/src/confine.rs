@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use ::confine::{ChatScope, ConfineError, ConfinedFile, parse_path};
-use ::confine::{create_parent, open_dir, open_file, open_reachable};
+use ::confine::{create_parent, open_dir, open_file, open_reachable, open_reachable_as};
 use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, OpenOptions};
 use protocol::WorkspacePath;
@@ -210,6 +210,23 @@ impl ScopedWorkspace {
             &self.scope,
             path,
             self.workspace.max_file_size,
+        )
+    }
+
+    /// Opens a file the chat may read that the surface has just sent, by the inode number it
+    /// gave (`AttachmentInfo::inode`): that very file opens at once, without waiting for it to
+    /// be still (see `confine::open_file_as`); anything else as [`Self::open_file`].
+    pub fn open_sent(
+        &self,
+        path: &WorkspacePath,
+        inode: Option<u64>,
+    ) -> Result<ConfinedFile, ConfineError> {
+        open_reachable_as(
+            &self.workspace.root,
+            &self.scope,
+            path,
+            self.workspace.max_file_size,
+            inode,
         )
     }
 

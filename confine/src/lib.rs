@@ -19,6 +19,7 @@ mod scope;
 
 pub use error::{ConfineError, parse_path};
 pub use open::{
-    ConfinedFile, create_parent, open_dir, open_file, open_parent, open_reachable, open_subdir,
+    ConfinedFile, create_parent, open_dir, open_file, open_file_as, open_parent, open_reachable,
+    open_reachable_as, open_subdir,
 };
 pub use scope::{ChatScope, PARTIAL_PREFIX, ScopeRoom, is_partial};

@@ -31,10 +31,21 @@ pub fn open_reachable(
     path: &WorkspacePath,
     max_size: u64,
 ) -> Result<ConfinedFile, ConfineError> {
+    open_reachable_as(root, scope, path, max_size, None)
+}
+
+/// [`open_reachable`] with the inode number the file's writer gave (see [`open_file_as`]).
+pub fn open_reachable_as(
+    root: &Dir,
+    scope: &ChatScope,
+    path: &WorkspacePath,
+    max_size: u64,
+    inode: Option<u64>,
+) -> Result<ConfinedFile, ConfineError> {
     if !scope.may_read(path) {
         return Err(ConfineError::NotFound(path.clone()));
     }
-    open_file(root, path, max_size)
+    open_file_as(root, path, max_size, inode)
 }
 
 /// How long a file's links and metadata must have been still before an open may hand it out.
@@ -65,6 +76,21 @@ pub fn open_file(
     path: &WorkspacePath,
     max_size: u64,
 ) -> Result<ConfinedFile, ConfineError> {
+    open_file_as(root, path, max_size, None)
+}
+
+/// [`open_file`] for a file whose inode number the caller was told by the one who wrote it (the
+/// surface, for a download it has just put in an inbox): when the opened handle is that very
+/// file, it is handed out without waiting for it to be still. The wait exists to catch a hard
+/// link to another file put at the name and taken away around the open; a handle on the
+/// expected inode is the file that was written, whatever links came and went. Any other handle
+/// goes through [`open_file`]'s checks unchanged.
+pub fn open_file_as(
+    root: &Dir,
+    path: &WorkspacePath,
+    max_size: u64,
+    inode: Option<u64>,
+) -> Result<ConfinedFile, ConfineError> {
     let (dir, name) = open_parent(root, path)?;
     let mut options = OpenOptions::new();
     options.read(true).follow(FollowSymlinks::No).custom_flags(
@@ -80,7 +106,12 @@ pub fn open_file(
         let meta = file.metadata().map_err(|e| ConfineError::io(path, e))?;
         let opened = Opened::of(&meta);
         check_opened(&opened, path, max_size)?;
-        match settled(opened.changed, began) {
+        let known = inode.is_some_and(|i| std::os::unix::fs::MetadataExt::ino(&meta) == i);
+        match if known {
+            Ok(())
+        } else {
+            settled(opened.changed, began)
+        } {
             Ok(()) => {
                 return Ok(ConfinedFile {
                     file,

@@ -133,6 +133,11 @@ pub struct AttachmentInfo {
     /// The sender's client recorded it as a voice message (MSC3245).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub voice: bool,
+    /// The inode number of the file as the surface wrote it: the agent may open that very
+    /// file at once, where any other file must first have been still for a moment
+    /// (`confine::SETTLE`). Absent from older surfaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
 }
 
 /// A turn.

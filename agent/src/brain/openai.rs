@@ -281,6 +281,7 @@ impl OpenAi {
                 self.config.vision.max_images,
                 io.perception(),
                 io.workspace(),
+                &|p| turn.attachment_info.get(p).and_then(|i| i.inode),
             )
             .await
         } else {
@@ -324,7 +325,10 @@ impl OpenAi {
     async fn pictures_message(&self, pictures: &[WorkspacePath], io: &TurnIo) -> Value {
         let refs: Vec<&WorkspacePath> = pictures.iter().collect();
         let shown = if self.sees() {
-            vision::show(&refs, refs.len(), io.perception(), io.workspace()).await
+            vision::show(&refs, refs.len(), io.perception(), io.workspace(), &|_| {
+                None
+            })
+            .await
         } else {
             vision::Shown::withheld(&refs, self.config.vision.mode)
         };

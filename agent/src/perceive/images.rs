@@ -88,15 +88,17 @@ impl Images {
     }
 
     /// The picture at `path`, prepared for a model (from the cache when this version of the
-    /// file was prepared before).
+    /// file was prepared before). `inode`: the surface's word for a file it has just sent
+    /// (`AttachmentInfo::inode`), which then opens without waiting for it to be still.
     pub async fn prepare(
         &self,
         ws: &ScopedWorkspace,
         path: &WorkspacePath,
+        inode: Option<u64>,
     ) -> Result<Arc<ModelImage>, ImageError> {
         let opened = {
             let (ws, path) = (ws.clone(), path.clone());
-            tokio::task::spawn_blocking(move || ws.open_file(&path))
+            tokio::task::spawn_blocking(move || ws.open_sent(&path, inode))
         }
         .await
         .map_err(|e| internal(path, e))??;

@@ -147,8 +147,8 @@ impl Transcriber {
         info: &AttachmentInfo,
     ) -> Result<Transcript, TranscribeError> {
         let (size, measured) = {
-            let (ws, path, mime) = (ws.clone(), path.clone(), info.mime.clone());
-            tokio::task::spawn_blocking(move || measure(&ws, &path, &mime))
+            let (ws, path, mime, inode) = (ws.clone(), path.clone(), info.mime.clone(), info.inode);
+            tokio::task::spawn_blocking(move || measure(&ws, &path, &mime, inode))
         }
         .await
         .map_err(|e| TranscribeError::Unreadable(super::images::internal(path, e)))??;
@@ -158,7 +158,7 @@ impl Transcriber {
         check_bounds(size, length, &self.config)?;
         let started = std::time::Instant::now();
         let exchange = std::sync::Mutex::new(Duration::ZERO);
-        let attempt = || self.once(ws, path, &info.name, size, &exchange);
+        let attempt = || self.once(ws, path, info, size, &exchange);
         let text = attempt
             .retry(
                 ExponentialBuilder::default()
@@ -191,13 +191,14 @@ impl Transcriber {
         &self,
         ws: &ScopedWorkspace,
         path: &WorkspacePath,
-        name: &str,
+        info: &AttachmentInfo,
         size: u64,
         spent: &std::sync::Mutex<Duration>,
     ) -> Result<String, TranscribeError> {
+        let name = info.name.as_str();
         let opened = {
-            let (ws, path) = (ws.clone(), path.clone());
-            tokio::task::spawn_blocking(move || ws.open_file(&path))
+            let (ws, path, inode) = (ws.clone(), path.clone(), info.inode);
+            tokio::task::spawn_blocking(move || ws.open_sent(&path, inode))
         }
         .await
         .map_err(|e| TranscribeError::Unreadable(super::images::internal(path, e)))?
@@ -284,8 +285,11 @@ fn measure(
     ws: &ScopedWorkspace,
     path: &WorkspacePath,
     mime: &str,
+    inode: Option<u64>,
 ) -> Result<(u64, Option<Duration>), TranscribeError> {
-    let opened = ws.open_file(path).map_err(TranscribeError::Unreadable)?;
+    let opened = ws
+        .open_sent(path, inode)
+        .map_err(TranscribeError::Unreadable)?;
     let size = opened.size;
     let length = mediainfo::audio_length(BufReader::new(opened.file), mime, size)
         .ok()

@@ -193,7 +193,7 @@ impl Tool for ViewImage {
         let picture = cx
             .perception
             .images
-            .prepare(cx.ws, &args.path)
+            .prepare(cx.ws, &args.path, None)
             .await
             .map_err(|e| match e {
                 crate::perceive::ImageError::Confine(c) => ToolError::Confine(c),

@@ -75,6 +75,10 @@ fn voice_message(agent: &TestAgent, seq: u64) -> UserMessage {
     let mut m = message(seq, &format!("$voice{seq}"), "User sent a voice message");
     let rel = format!("{}/{seq}-voice.ogg", inbox(ROOM));
     let path = write(agent.workspace.path(), &rel, VOICE);
+    // As the surface says it: the file it has just written opens at once.
+    let inode = std::fs::metadata(agent.workspace.path().join(&rel))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .ok();
     m.attachment_info = BTreeMap::from([(
         path.clone(),
         AttachmentInfo {
@@ -83,6 +87,7 @@ fn voice_message(agent: &TestAgent, seq: u64) -> UserMessage {
             size: VOICE.len() as u64,
             duration_ms: Some(3000),
             voice: true,
+            inode,
         },
     )]);
     m.attachments.push(path);

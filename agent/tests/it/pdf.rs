@@ -115,6 +115,7 @@ async fn the_model_learns_a_pdfs_page_count_with_its_turn() {
             size: bytes.len() as u64,
             duration_ms: None,
             voice: false,
+            inode: None,
         },
     );
     m.attachments.push(path);

@@ -162,6 +162,7 @@ fn with_files(
                 size: bytes.len() as u64,
                 duration_ms: None,
                 voice: false,
+                inode: None,
             },
         );
         m.attachments.push(path);

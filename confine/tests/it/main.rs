@@ -3,4 +3,5 @@
 // Helpers outside `#[test]` functions fail tests by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+mod known;
 mod race;

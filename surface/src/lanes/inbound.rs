@@ -216,6 +216,7 @@ mod tests {
                         size: 1,
                         duration_ms: Some(1000),
                         voice,
+                        inode: None,
                     };
                     (path.clone(), info)
                 })

@@ -285,6 +285,13 @@ async fn attempt(
         );
     }
     let name = temp.name().to_owned();
+    // The same inode after the rename into place: the agent may open that very file at once.
+    let inode = temp
+        .file()
+        .metadata()
+        .await
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
     let path = temp.commit().await?;
     crate::metrics::media_bytes("in", size);
     Ok(Downloaded {
@@ -293,6 +300,7 @@ async fn attempt(
             name,
             mime,
             size: landed.size,
+            inode,
             ..AttachmentInfo::default()
         },
     })

@@ -46,11 +46,14 @@ impl Shown {
 
 /// Prepares up to `max` of `pictures` (in order) and attaches them; each other one gets a note
 /// saying why it is not shown.
+///
+/// `inode` gives the surface's inode number for a file it has just sent (it then opens at once).
 pub async fn show(
     pictures: &[&WorkspacePath],
     max: usize,
     perception: &Perception,
     ws: &ScopedWorkspace,
+    inode: &(dyn Fn(&WorkspacePath) -> Option<u64> + Sync),
 ) -> Shown {
     let mut shown = Shown::default();
     for path in pictures {
@@ -62,7 +65,7 @@ pub async fn show(
             shown.notes.insert(path, note);
             continue;
         }
-        match perception.images.prepare(ws, &path).await {
+        match perception.images.prepare(ws, &path, inode(&path)).await {
             Ok(picture) => {
                 shown.parts.push(json!({
                     "type": "image_url",
