@@ -215,9 +215,8 @@ pub async fn hear(s: &Setup, rounds: usize) -> Result<RunFigures> {
         bail!("no latency lines for the voice messages in the surface's or the agent's log");
     };
     super::note(&format!(
-        "voice legs, ms: surface sync_to_agent {sync:.1?}, agent_hear {own:.1?} (the agent \
-         opens a file only once it has been still for confine::SETTLE, 50 ms after its rename \
-         into the inbox), transcription server {server:.1?}"
+        "voice legs, ms: surface sync_to_agent {sync:.1?} (the voice file's download \
+         included), agent_hear {own:.1?}, transcription server {server:.1?}"
     ));
     // One voice message at a time: the n-th line of each log is the n-th message's. The
     // surface logs a line for every event it forwards; the last `rounds` are the voice notes.
