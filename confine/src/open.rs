@@ -106,12 +106,8 @@ pub fn open_file_as(
         let meta = file.metadata().map_err(|e| ConfineError::io(path, e))?;
         let opened = Opened::of(&meta);
         check_opened(&opened, path, max_size)?;
-        let known = inode.is_some_and(|i| std::os::unix::fs::MetadataExt::ino(&meta) == i);
-        match if known {
-            Ok(())
-        } else {
-            settled(opened.changed, began)
-        } {
+        let ino = std::os::unix::fs::MetadataExt::ino(&meta);
+        match may_hand_out(inode, ino, opened.changed, began) {
             Ok(()) => {
                 return Ok(ConfinedFile {
                     file,
@@ -123,6 +119,21 @@ pub fn open_file_as(
         }
     }
     Err(ConfineError::Changing(path.clone()))
+}
+
+/// Whether an opened handle (inode `ino`, changed at `changed`) may be handed out by an open
+/// that began at `began`, its writer having named inode `expected`: at once when it is that
+/// very inode, else as [`settled`] says.
+fn may_hand_out(
+    expected: Option<u64>,
+    ino: u64,
+    changed: SystemTime,
+    began: SystemTime,
+) -> Result<(), Duration> {
+    if expected == Some(ino) {
+        return Ok(());
+    }
+    settled(changed, began)
 }
 
 /// `Ok` when a file last changed at `changed` had been still for [`SETTLE`] (or
@@ -597,5 +608,26 @@ mod tests {
         }
         assert_eq!(change_time(-5, 0), SystemTime::UNIX_EPOCH);
         assert_eq!(change_time(100, 1_000_000), at(100, 1));
+    }
+
+    #[test]
+    fn only_the_inode_its_writer_named_skips_the_wait() {
+        let t = |millis: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(100_000 + millis);
+        // (named inode, opened inode, changed, began, expected)
+        let cases = [
+            (Some(7), 7, t(1), t(1), Ok(())),
+            (Some(7), 7, t(9), t(1), Ok(())),
+            (Some(7), 8, t(1), t(1), Err(SETTLE)),
+            (Some(7), 8, t(1), t(51), Ok(())),
+            (None, 7, t(1), t(1), Err(SETTLE)),
+            (None, 7, t(1), t(31), Err(Duration::from_millis(20))),
+        ];
+        for (named, ino, changed, began, expected) in cases {
+            assert_eq!(
+                may_hand_out(named, ino, changed, began),
+                expected,
+                "{named:?} {ino} {changed:?} {began:?}"
+            );
+        }
     }
 }

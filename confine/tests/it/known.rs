@@ -1,6 +1,8 @@
 //! A file opened by the inode its writer gave (`open_file_as`): that very file is handed out
-//! even while it keeps changing (a plain open refuses it as changing), and a hard link to an
-//! outside file at the same name is never handed out for it.
+//! even while it keeps changing, and a hard link to an outside file at the same name is never
+//! handed out for it. (Which handles wait, and how long, is the table test
+//! `only_the_inode_its_writer_named_skips_the_wait` beside the code: a plain open of a changing
+//! file here would depend on how the threads are scheduled.)
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -33,24 +35,16 @@ fn the_writers_own_file_opens_while_it_changes_and_nothing_else_does() {
             }
         })
     };
-    let plain = open_file(&root, &path, 1 << 20);
     let known = open_file_as(&root, &path, 1 << 20, Some(inode));
-    let other = open_file_as(&root, &path, 1 << 20, Some(inode + 1));
     stop.store(true, Ordering::Relaxed);
     toucher.join().unwrap();
-    assert!(
-        matches!(plain, Err(ConfineError::Changing(_))),
-        "a plain open waits for it to be still: {plain:?}"
-    );
     assert_eq!(
         known.unwrap().size,
         22,
-        "the writer's own file opens at once"
+        "the writer's own file opens while its change time keeps moving"
     );
-    assert!(
-        matches!(other, Err(ConfineError::Changing(_))),
-        "another inode gets no shortcut: {other:?}"
-    );
+    // Still: a plain open hands out the same file once it has settled.
+    assert_eq!(open_file(&root, &path, 1 << 20).unwrap().size, 22);
 
     // A hard link to an outside file at the name: refused whatever inode is claimed.
     let canary = outside.path().join("secret");
