@@ -94,3 +94,69 @@ fn configuration_problems_are_one_line_and_exit_code_2_in_both() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("`AGENT_BIND` must be"), "{stderr}");
 }
+
+/// The settings cannot drift apart: every variable either binary's `--help` lists is documented
+/// in `.env.example`, and every setting `.env.example` assigns (`NAME=` or `#NAME=`) that a
+/// binary reads is passed through by `compose.yaml`.
+#[test]
+fn help_env_example_and_compose_agree() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let env_example = std::fs::read_to_string(root.join(".env.example")).unwrap();
+    let compose = std::fs::read_to_string(root.join("compose.yaml")).unwrap();
+    let mentions = |text: &str, name: &str| {
+        text.match_indices(name).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + name.len()..].chars().next();
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            !word(before) && !word(after)
+        })
+    };
+    // Exists for the test suite only (`AGENT_TEST_HOOKS`): never in an operator's file.
+    let test_only = ["AGENT_TEST_HOOKS"];
+    let mut read = Vec::new();
+    for name in ["surface", "agent"] {
+        let out = run(name, &["--help"], &[]);
+        let help = String::from_utf8(out.stdout).unwrap();
+        let options = help
+            .split("[env: ")
+            .skip(1)
+            .filter_map(|rest| rest.split(']').next());
+        // The secrets section lists `  NAME  what it is`.
+        let secrets = help
+            .split_once("Secrets")
+            .map(|(_, s)| s)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|w| w.len() > 3 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_'));
+        read.extend(options.chain(secrets).map(str::to_owned));
+    }
+    assert!(
+        read.len() > 40,
+        "the variables were found in --help: {read:?}"
+    );
+    let undocumented: Vec<&String> = read
+        .iter()
+        .filter(|v| !test_only.contains(&v.as_str()) && !mentions(&env_example, v))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        ".env.example does not document {undocumented:?}"
+    );
+    let assigned = env_example.lines().filter_map(|l| {
+        let l = l.trim_start_matches('#').trim_start();
+        let (name, _) = l.split_once('=')?;
+        (!name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .then_some(name)
+    });
+    let dropped: Vec<&str> = assigned
+        .filter(|n| read.iter().any(|v| v == n) && !mentions(&compose, n))
+        .collect();
+    assert!(
+        dropped.is_empty(),
+        "compose.yaml does not pass {dropped:?}, which .env.example documents"
+    );
+}
