@@ -27,6 +27,8 @@ pub struct Var {
     pub help: &'static str,
     /// A secret: environment or file only, never a flag (other users see flags in `ps`).
     pub secret: bool,
+    /// For the test suite only: read like any other, but not listed in `--help`.
+    pub hidden: bool,
 }
 
 impl Var {
@@ -37,6 +39,18 @@ impl Var {
             default,
             help,
             secret: false,
+            hidden: false,
+        }
+    }
+
+    /// A switch for the test suite: it works, but `--help` does not offer it to operators.
+    pub const fn test_only(name: &'static str, default: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            default,
+            help,
+            secret: false,
+            hidden: true,
         }
     }
 
@@ -47,6 +61,7 @@ impl Var {
             default: "",
             help,
             secret: true,
+            hidden: false,
         }
     }
 }
@@ -298,6 +313,7 @@ pub fn command(
                 .long(flag_of(var.name))
                 .value_name("VALUE")
                 .help(help)
+                .hide(var.hidden)
                 .action(ArgAction::Set),
         );
     }
@@ -421,12 +437,14 @@ mod tests {
             default: "127.0.0.1:8700",
             help: "where to listen",
             secret: false,
+            hidden: false,
         },
         Var {
             name: "AGENT_TOKEN",
             default: "",
             help: "the shared secret",
             secret: true,
+            hidden: false,
         },
     ];
 

@@ -53,7 +53,7 @@ pub const VARS: &[Var] = &[
         "30s",
         "longest wait for an MCP server to start or answer a call",
     ),
-    Var::new(
+    Var::test_only(
         "AGENT_TEST_HOOKS",
         "false",
         "extra builtin commands for tests",
