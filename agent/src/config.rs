@@ -35,6 +35,9 @@ pub struct Config {
     pub tool_policy: BTreeMap<String, Policy>,
     /// The MCP servers whose tools are offered next to the built-in ones.
     pub mcp: McpConfig,
+    /// The demo tool `dangerous_action` is offered to models: the operator named it in
+    /// `AGENT_TOOL_POLICY` (allow or ask). Otherwise only the builtin brain's `approve` uses it.
+    pub offer_demo_tools: bool,
     /// Voice messages and audio files transcribed through an OpenAI-compatible
     /// `/audio/transcriptions` server (`TRANSCRIBE_MODEL`; off when unset).
     pub transcribe: Option<TranscribeConfig>,
@@ -330,6 +333,7 @@ impl fmt::Debug for Config {
             .field("brain", &self.brain)
             .field("tool_policy", &self.tool_policy)
             .field("mcp", &self.mcp)
+            .field("offer_demo_tools", &self.offer_demo_tools)
             .field("transcribe", &self.transcribe)
             .field("limits", &self.limits)
             .field("test_hooks", &self.test_hooks)
@@ -392,6 +396,7 @@ impl Config {
             brain: BrainConfig::Builtin,
             tool_policy: default_policies(),
             mcp: McpConfig::default(),
+            offer_demo_tools: false,
             transcribe: None,
             limits: Limits::default(),
             pdf_helper: own_executable(),
@@ -412,6 +417,25 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn the_demo_tool_is_offered_to_models_only_when_named() {
+        let cases = [
+            ("", false),
+            ("read_file=ask", false),
+            ("dangerous_action=ask", true),
+            ("read_file=allow, dangerous_action = allow", true),
+            ("dangerous_action=deny", false),
+        ];
+        for (policy, offered) in cases {
+            let c = load(&[
+                ("AGENT_TOKEN", "0123456789abcdef"),
+                ("AGENT_TOOL_POLICY", policy),
+            ])
+            .unwrap();
+            assert_eq!(c.offer_demo_tools, offered, "{policy:?}");
+        }
     }
 
     #[test]

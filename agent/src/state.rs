@@ -74,7 +74,8 @@ impl AppState {
             })?;
         let store = Store::open(&config.state_dir)?;
         let memory = Memory::open(&config.state_dir)?;
-        let mut registry = Registry::new(config.tool_policy.clone());
+        let mut registry =
+            Registry::new(config.tool_policy.clone()).offering_demos(config.offer_demo_tools);
         if !config.mcp.servers.is_empty() {
             // Servers start on first use: a slow or broken one never delays the agent's start.
             registry = registry.with_mcp(Arc::new(Hub::new(&config.mcp)));

@@ -116,6 +116,9 @@ pub trait Tool: Send + Sync + 'static {
     const DESCRIPTION: &'static str;
     /// Whether the tool only looks (a repeated call may run again: its result can change).
     const READ_ONLY: bool = false;
+    /// A demonstration (`dangerous_action`): offered to models only when the operator names it
+    /// in `AGENT_TOOL_POLICY`; the builtin brain's commands reach it by name regardless.
+    const DEMO: bool = false;
     /// Arguments; the JSON schema given to models is derived from this type.
     type Args: DeserializeOwned + JsonSchema + Send + Sync + 'static;
 
@@ -142,6 +145,7 @@ pub trait Tool: Send + Sync + 'static {
 trait DynTool: Send + Sync {
     fn name(&self) -> &'static str;
     fn read_only(&self) -> bool;
+    fn demo(&self) -> bool;
     fn description(&self) -> &'static str;
     fn schema(&self) -> serde_json::Value;
     fn parse(
@@ -174,6 +178,10 @@ impl<T: Tool> DynTool for Erased<T> {
 
     fn read_only(&self) -> bool {
         T::READ_ONLY
+    }
+
+    fn demo(&self) -> bool {
+        T::DEMO
     }
 
     fn description(&self) -> &'static str {
@@ -250,6 +258,8 @@ pub struct Registry {
     policies: BTreeMap<String, Policy>,
     /// The MCP servers' tools (`server__tool`), if any are configured.
     mcp: Option<Arc<Hub>>,
+    /// Demo tools are offered to models (the operator named them in `AGENT_TOOL_POLICY`).
+    offer_demos: bool,
 }
 
 impl std::fmt::Debug for Registry {
@@ -287,7 +297,14 @@ impl Registry {
             tools,
             policies,
             mcp: None,
+            offer_demos: false,
         }
+    }
+
+    /// Offers the demo tools (`dangerous_action`) to models too.
+    pub fn offering_demos(mut self, offer: bool) -> Self {
+        self.offer_demos = offer;
+        self
     }
 
     /// Adds the tools of the MCP servers in `hub`.
@@ -325,11 +342,13 @@ impl Registry {
         self.tools.get(name).is_some_and(|t| t.read_only())
     }
 
-    /// Built-in tools a model may call (those not denied), with generated schemas.
+    /// Built-in tools a model may call (those not denied, demos only when offered), with
+    /// generated schemas.
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools
             .values()
             .filter(|t| self.policy(t.name()) != Policy::Deny)
+            .filter(|t| self.offer_demos || !t.demo())
             .map(|t| ToolSpec {
                 name: t.name().to_owned(),
                 description: t.description().to_owned(),
@@ -493,9 +512,15 @@ mod tests {
 
     #[test]
     fn schemas_are_generated_for_every_tool() {
-        let registry = Registry::new(default_policies());
+        let registry = Registry::new(default_policies()).offering_demos(true);
         let specs = registry.specs();
         assert_eq!(specs.len(), TOOL_NAMES.len());
+        let without = Registry::new(default_policies()).specs();
+        assert_eq!(without.len(), TOOL_NAMES.len() - 1);
+        assert!(
+            without.iter().all(|s| s.name != "dangerous_action"),
+            "a demo"
+        );
         for spec in specs {
             assert_eq!(spec.parameters["type"], "object", "{}", spec.name);
             assert!(spec.parameters.get("$schema").is_none());

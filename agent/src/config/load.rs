@@ -40,6 +40,12 @@ impl Config {
             let servers = mcp.as_ref().map(|m| &m.servers);
             r.check(parse_policy(&spec, servers))
         };
+        let offer_demo_tools = r
+            .get("AGENT_TOOL_POLICY")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|item| item.split_once('='))
+            .any(|(tool, policy)| tool.trim() == "dangerous_action" && policy.trim() != "deny");
         let brain = r.brain();
         let transcribe = r.transcribe();
         let limits = r.limits();
@@ -57,6 +63,7 @@ impl Config {
                 brain: brain?,
                 tool_policy: tool_policy?,
                 mcp: mcp?,
+                offer_demo_tools,
                 transcribe: transcribe?,
                 limits: limits?,
                 pdf_helper: super::own_executable(),

@@ -54,6 +54,7 @@ pub struct DangerousActionArgs {
 
 impl Tool for DangerousAction {
     const NAME: &'static str = "dangerous_action";
+    const DEMO: bool = true;
     const DESCRIPTION: &'static str =
         "Perform an action that needs the user's approval (a simulation: nothing is changed).";
     type Args = DangerousActionArgs;

@@ -119,7 +119,16 @@ async fn streams_text_and_runs_tool_calls() {
     assert_eq!(first["model"], "fake-model");
     assert_eq!(first["stream"], true);
     let tools = first["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), agent::config::TOOL_NAMES.len());
+    assert_eq!(
+        tools.len(),
+        agent::config::TOOL_NAMES.len() - 1,
+        "every tool but the demo dangerous_action, which the operator did not name"
+    );
+    assert!(
+        tools
+            .iter()
+            .all(|t| t["function"]["name"] != "dangerous_action")
+    );
     let write = tools
         .iter()
         .find(|t| t["function"]["name"] == "write_file")
