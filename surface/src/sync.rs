@@ -11,6 +11,7 @@ use matrix_sdk::config::SyncSettings;
 use matrix_sdk::event_handler::Ctx as HandlerCtx;
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::UInt;
+use matrix_sdk::ruma::api::client::membership::leave_room;
 use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
 use matrix_sdk::sync::RoomUpdates;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -35,6 +36,10 @@ pub fn register_handlers(ctx: &Ctx) {
     ctx.client.add_event_handler(on_invite);
 }
 
+/// Why the bot declines an invite to a room outside `SURFACE_ALLOWED_ROOMS`, in the leave event.
+pub const DECLINE_REASON: &str =
+    "This bot only joins the rooms its operator allows (SURFACE_ALLOWED_ROOMS).";
+
 async fn on_invite(ev: StrippedRoomMemberEvent, room: Room, HandlerCtx(ctx): HandlerCtx<Ctx>) {
     let own = ctx.client.user_id().map(|u| u.to_string());
     if own.as_deref() != Some(ev.state_key.as_str())
@@ -53,10 +58,14 @@ async fn on_invite(ev: StrippedRoomMemberEvent, room: Room, HandlerCtx(ctx): Han
         .is_room_allowed(room_id.as_str(), alias.as_deref())
     {
         info!(room_id = %room_id, sender = %ev.sender, "declining invite to a room that is not allowed");
-        let room = room.clone();
+        let client = ctx.client.clone();
         ctx.tracker.spawn(async move {
-            if let Err(e) = room.leave().await {
-                warn!(error = %e, "could not decline the invite");
+            // The reason shows in the inviter's client beside "declined the invite" (matrix-sdk's
+            // `Room::leave` sends none).
+            let mut request = leave_room::v3::Request::new(room_id.clone());
+            request.reason = Some(DECLINE_REASON.to_owned());
+            if let Err(e) = client.send(request).await {
+                warn!(room_id = %room_id, error = %e, "could not decline the invite");
             }
         });
         return;

@@ -15,6 +15,7 @@ mod first_sight;
 mod flood;
 mod group;
 mod hostile;
+mod invites;
 mod large;
 mod late_keys;
 mod latency;
