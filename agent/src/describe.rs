@@ -37,12 +37,15 @@ pub struct FileDescription {
     pub media_note: Option<String>,
 }
 
+/// A play length as people read it: "12.4 s" (tenths, cut, not rounded).
+pub fn seconds(ms: u64) -> String {
+    format!("{}.{} s", ms / 1000, (ms % 1000) / 100)
+}
+
 /// How a sender's message presented an audio or video file, in a few words: "voice message,
 /// 3.0 s" (the surface passes on what the message declared; the agent does not decode media).
 pub fn media_note(info: &protocol::AttachmentInfo) -> Option<String> {
-    let length = info
-        .duration_ms
-        .map(|ms| format!("{}.{} s", ms / 1000, (ms % 1000) / 100));
+    let length = info.duration_ms.map(seconds);
     match (info.voice, length) {
         (true, Some(l)) => Some(format!("voice message, {l}")),
         (true, None) => Some("voice message".to_owned()),

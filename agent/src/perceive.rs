@@ -45,7 +45,7 @@ impl Perception {
 pub fn heard_line(perceived: &Perceived, voice: bool, length_ms: Option<u64>) -> String {
     let what = if voice { "voice message" } else { "audio" };
     let what = match length_ms {
-        Some(ms) => format!("{what}, {}.{} s", ms / 1000, (ms % 1000) / 100),
+        Some(ms) => format!("{what}, {}", crate::describe::seconds(ms)),
         None => what.to_owned(),
     };
     match perceived {

@@ -75,7 +75,9 @@ pub(super) async fn hear(
     // What was subtracted: the transcription server's share.
     tracing::debug!(target: "mxbridge_latency", leg = "agent_hear_server", us = us(server));
     for (path, perceived) in &heard {
-        let info = &turn.attachment_info[path];
+        let Some(info) = turn.attachment_info.get(path) else {
+            continue;
+        };
         let text = match perceived {
             Perceived::Heard { .. } if !transcriber.shows_room() => continue,
             Perceived::Heard { .. } => {

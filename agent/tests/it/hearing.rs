@@ -196,3 +196,60 @@ async fn a_transcription_server_that_is_down_costs_one_sentence() {
     );
     assert!(t.text().contains("not transcribed"), "{}", t.text());
 }
+
+/// A transcription server that accepts the upload and never answers, and one whose answer
+/// never ends: each costs one sentence within the configured bounds, never a stuck turn.
+#[tokio::test]
+async fn a_server_that_never_answers_or_answers_without_end_is_cut_off() {
+    // Accepts connections and reads, never writes.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}/v1", silent.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = silent.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut sink = tokio::io::sink();
+                let _ = tokio::io::copy(&mut socket, &mut sink).await;
+                std::future::pending::<()>().await;
+            });
+        }
+    });
+    // Answers 200 with a body far over the 4 MiB an answer may have.
+    let flood = axum::Router::new().route(
+        "/v1/audio/transcriptions",
+        post(|_: Bytes| async {
+            (
+                [("content-type", "application/json")],
+                format!("{{\"text\":\"{}\"}}", "a".repeat(6 << 20)),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let flood_url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, flood).await.unwrap() });
+
+    let cases = [
+        (
+            silent_url,
+            "the transcription server did not answer within 1.0 s",
+        ),
+        (flood_url, "the transcription server's answer had no text"),
+    ];
+    for (url, says) in cases {
+        let agent = TestAgent::start_with(|c| {
+            let mut t = config(url.clone());
+            t.timeout = Duration::from_secs(1);
+            t.attempts = 1;
+            c.transcribe = Some(t);
+        })
+        .await;
+        let (mut c, _) = agent.connect(&chat()).await;
+        let t = c.turn(voice_message(&agent, 1)).await;
+        assert_eq!(t.end().status, EndStatus::Completed, "{says}");
+        let notices = t.notices();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(notices[0].contains(says), "{notices:?}");
+    }
+}
