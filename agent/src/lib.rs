@@ -37,6 +37,7 @@ pub mod connection;
 pub mod describe;
 pub mod doctor;
 pub mod link;
+pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod perceive;

@@ -1,24 +1,13 @@
 //! The agent binary: the command line and configuration (flags, environment, `--config` file),
 //! logging, bind, run until SIGINT/SIGTERM; or `agent doctor`, the operator's checks.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
 
 use agent::config::VARS;
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-
-// The surface's credential filter, the same file: the agent sees the bearer token in every
-// upgrade request and sends the API key to the model server.
-#[path = "../../surface/src/logging/redact.rs"]
-mod redact;
-
-/// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
-const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
 
 const ABOUT: &str = "The agent side of mxbridge: one conversation per chat, tools confined to \
                      the workspace, a builtin or OpenAI-compatible brain.";
@@ -60,19 +49,9 @@ async fn run() -> ExitCode {
         Err(e) => return settings::refuse("agent", &e),
     };
     // `LOG_FORMAT=json`: one JSON object per line, for log collectors.
-    let json = lookup
-        .get("LOG_FORMAT")
-        .is_some_and(|f| f.trim().eq_ignore_ascii_case("json"));
-    tracing_subscriber::registry()
-        .with(redact::Redact::new(OWN_CRATES))
-        .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with(json.then(|| tracing_subscriber::fmt::layer().json()))
-        .with(
-            (!json).then(|| {
-                tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal())
-            }),
-        )
-        .init();
+    agent::logging::init(agent::logging::wants_json(
+        lookup.get("LOG_FORMAT").as_deref(),
+    ));
     let config = match agent::Config::from_lookup(|k| lookup.get(k)) {
         Ok(c) => c,
         Err(e) => return settings::refuse("agent", &e),

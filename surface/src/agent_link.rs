@@ -305,7 +305,7 @@ async fn run(
                     }
                     _ => warn!(error = %e, agent, "agent not reachable, retrying"),
                 }
-                endpoint.health.set_agent(e.health());
+                endpoint.health.set_agent(agent, e.health());
                 // The next agent in the chat's order is tried at once; after a whole round
                 // without one, the link waits.
                 next = (next + 1) % order.len();
@@ -319,7 +319,7 @@ async fn run(
                 }
             }
         };
-        endpoint.health.set_agent(AgentStatus::Ok);
+        endpoint.health.set_agent(agent, AgentStatus::Ok);
         delays = backoff();
         if next > 0 {
             crate::metrics::agent_failover();
@@ -378,7 +378,7 @@ async fn run(
                 warn!(reason = %reason, "agent connection lost, reconnecting");
                 endpoint
                     .health
-                    .set_agent(AgentStatus::Unreachable(reason.clone()));
+                    .set_agent(agent, AgentStatus::Unreachable(reason.clone()));
                 if ev_tx.send(LinkEvent::Disconnected).await.is_err() {
                     return;
                 }
@@ -388,6 +388,112 @@ async fn run(
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
+        }
+    }
+}
+
+/// The chat id the surface's watcher of the agents uses: one per bot account, so that the
+/// watchers of several surfaces sharing an agent do not replace each other's connection.
+pub fn watch_chat(bot_user_id: &str) -> ChatId {
+    use sha2::{Digest, Sha256};
+    let digest = hex::encode(Sha256::digest(bot_user_id.as_bytes()));
+    ChatId::new(format!("surface-watch-{}", &digest[..16])).expect("a valid chat id")
+}
+
+/// Watches the agent at `url` until `shutdown`, so that `/healthz` and `agent_up` tell the
+/// truth also while no chat is active: a handshake (version, token, shared workspace), then
+/// the connection held open with pings; when it drops, or a handshake fails, the health state
+/// says so and the watcher tries again (exponential backoff, at most 10 s apart).
+pub async fn watch(endpoint: AgentEndpoint, url: Url, chat: ChatId, shutdown: CancellationToken) {
+    let agent = url.as_str();
+    let mut delays = watch_backoff();
+    // Log a change of state once, not every attempt.
+    let mut last: Option<AgentStatus> = None;
+    loop {
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = handshake(&endpoint, &url, &chat) => r,
+        };
+        match outcome {
+            Ok((mut conn, welcome)) => {
+                endpoint.health.set_agent(agent, AgentStatus::Ok);
+                info!(agent, agent_name = %welcome.agent, agent_version = %welcome.agent_version, "agent handshake ok: shared workspace confirmed");
+                last = Some(AgentStatus::Ok);
+                delays = watch_backoff();
+                let ended = hold(&mut conn, &shutdown).await;
+                conn.close().await;
+                let Some(reason) = ended else { return };
+                warn!(agent, reason = %reason, "lost the connection to the agent");
+                let status = AgentStatus::Unreachable(reason);
+                endpoint.health.set_agent(agent, status.clone());
+                last = Some(status);
+            }
+            Err(e) => {
+                let status = e.health();
+                let changed = last.as_ref().is_none_or(|l| {
+                    std::mem::discriminant(l) != std::mem::discriminant(&status)
+                });
+                if changed {
+                    match &e {
+                        HandshakeError::Workspace(_) | HandshakeError::Version { .. } => error!(
+                            error = %e, agent,
+                            "AGENT CHECK FAILED: the surface and the agent do not share the \
+                             workspace or protocol; nothing will be forwarded"
+                        ),
+                        HandshakeError::Connection(c) if c.is_auth() => {
+                            error!(error = %e, agent, "the agent refused AGENT_TOKEN")
+                        }
+                        _ => warn!(error = %e, agent, "agent not reachable"),
+                    }
+                }
+                endpoint.health.set_agent(agent, status.clone());
+                last = Some(status);
+            }
+        }
+        let delay = delays.next().unwrap_or(Duration::from_secs(10));
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+fn watch_backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(10))
+        .without_max_times()
+        .build()
+}
+
+/// Keeps an idle connection open with pings until it drops (`Some(reason)`) or `shutdown`
+/// (`None`). Whatever the agent sends on it is ignored.
+async fn hold(conn: &mut Connection, shutdown: &CancellationToken) -> Option<String> {
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.tick().await;
+    let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    tokio::pin!(idle);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = ping.tick() => {
+                if let Err(e) = conn.ping().await {
+                    return Some(e.to_string());
+                }
+            }
+            _ = &mut idle => {
+                let quiet_until = conn.last_frame() + IDLE_TIMEOUT;
+                if quiet_until <= std::time::Instant::now() {
+                    return Some("no frame from the agent for 90 s".into());
+                }
+                idle.as_mut().reset(quiet_until.into());
+            }
+            incoming = conn.recv() => match incoming {
+                Ok(Some(_)) => idle.as_mut().reset(tokio::time::Instant::now() + IDLE_TIMEOUT),
+                Ok(None) => return Some("agent closed the connection".into()),
+                Err(e) => return Some(e.to_string()),
+            },
         }
     }
 }

@@ -74,6 +74,9 @@ pub struct Config {
     /// `SURFACE_OFFLINE_NOTICE`: when messages waited longer than this for a surface that was
     /// down, the room is told they are being answered now (`None`: never).
     pub offline_notice_after: Option<Duration>,
+    /// `SURFACE_AGENT_DOWN_NOTICE`: when a turn cannot reach the agent for this long, the room
+    /// is told once per outage that its message is saved (`None`: never).
+    pub agent_down_notice: Option<Duration>,
     /// `SURFACE_KEY_WAIT`: how long a chat waits for the room key of a message that could not
     /// be decrypted before the room is told and later messages are answered.
     pub key_wait: Duration,
@@ -100,6 +103,8 @@ pub struct McpServer {
 
 /// How long a chat waits for a late room key by default.
 pub const DEFAULT_KEY_WAIT: Duration = Duration::from_secs(60);
+/// How long a turn may fail to reach the agent before the room is told (`SURFACE_AGENT_DOWN_NOTICE`).
+pub const DEFAULT_AGENT_DOWN_NOTICE: Duration = Duration::from_secs(15);
 /// How often a streamed answer is edited by default: about as fast as a homeserver's default
 /// message rate limit lets a long answer go on.
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_secs(2);
@@ -220,6 +225,11 @@ impl Config {
             None => Ok(Some(Duration::from_secs(120))),
             Some(v) => duration("SURFACE_OFFLINE_NOTICE", v, "2m or off").map(Some),
         });
+        let agent_down_notice = p.take(match get("SURFACE_AGENT_DOWN_NOTICE").as_deref() {
+            Some("off") => Ok(None),
+            None => Ok(Some(DEFAULT_AGENT_DOWN_NOTICE)),
+            Some(v) => duration("SURFACE_AGENT_DOWN_NOTICE", v, "15s or off").map(Some),
+        });
         let key_wait = p.take(match get("SURFACE_KEY_WAIT") {
             None => Ok(DEFAULT_KEY_WAIT),
             Some(v) => duration("SURFACE_KEY_WAIT", &v, "60s"),
@@ -261,6 +271,7 @@ impl Config {
                 health_bind: health_bind?,
                 inbox_retention: inbox_retention?,
                 offline_notice_after: offline_notice_after?,
+                agent_down_notice: agent_down_notice?,
                 key_wait: key_wait?,
                 stream_interval: stream_interval?,
                 recovery_key,
@@ -617,6 +628,7 @@ mod tests {
         assert_eq!(c.health_bind, "127.0.0.1:8701".parse().unwrap());
         assert_eq!(c.inbox_retention, None);
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
+        assert_eq!(c.agent_down_notice, Some(Duration::from_secs(15)));
         assert_eq!(c.key_wait, DEFAULT_KEY_WAIT);
         assert!(c.recovery_key.is_none());
         assert!(c.is_allowed("@alice:example.org"));
@@ -723,6 +735,11 @@ mod tests {
                 "SURFACE_OFFLINE_NOTICE is invalid",
             ),
             (
+                "SURFACE_AGENT_DOWN_NOTICE",
+                Some("soon"),
+                "SURFACE_AGENT_DOWN_NOTICE is invalid",
+            ),
+            (
                 "SURFACE_KEY_WAIT",
                 Some("a while"),
                 "SURFACE_KEY_WAIT is invalid",
@@ -783,6 +800,7 @@ mod tests {
         env.insert("SURFACE_MAX_FILE_SIZE", "2MiB".to_owned());
         env.insert("SURFACE_INBOX_RETENTION", "30d".to_owned());
         env.insert("SURFACE_OFFLINE_NOTICE", "off".to_owned());
+        env.insert("SURFACE_AGENT_DOWN_NOTICE", "1m".to_owned());
         env.insert("SURFACE_SHOW_TOOL_CALLS", "true".to_owned());
         env.insert(
             "SURFACE_ALLOWED_USERS",
@@ -792,6 +810,7 @@ mod tests {
         assert_eq!(c.max_file_size, 2 * 1024 * 1024);
         assert_eq!(c.inbox_retention, Some(Duration::from_secs(30 * 86400)));
         assert_eq!(c.offline_notice_after, None);
+        assert_eq!(c.agent_down_notice, Some(Duration::from_secs(60)));
         assert!(c.show_tool_calls);
         assert!(c.is_allowed("@alice:other.org"));
         assert!(c.is_allowed("@bob:example.org"));

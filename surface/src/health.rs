@@ -1,5 +1,9 @@
-//! Readiness as seen from outside: `GET /healthz` answers 200 `{"status":"ok","parked_sends":0}` once the bot
-//! is syncing and the agent proved it sees the same workspace, 503 with the reason otherwise.
+//! Readiness and liveness as seen from outside. `GET /healthz` (readiness) answers 200
+//! `{"status":"ok","parked_sends":0}` while the bot is syncing and an agent link is usable now
+//! (handshake good: version, token and the shared workspace proven), 503 with the reason
+//! otherwise; an agent that was fine and went away makes it 503 again. `GET /livez` (liveness)
+//! answers 200 while the process serves at all: an unreachable agent or homeserver must not get
+//! the surface restarted, which would not bring them back.
 //!
 //! The endpoint is served by its own accept loop rather than `axum::serve`, because a probe
 //! must keep answering while someone holds sockets open against it: every connection has a
@@ -42,12 +46,45 @@ pub enum AgentStatus {
     ProtocolMismatch(String),
 }
 
+impl AgentStatus {
+    /// The two processes do not fit together (workspace or protocol).
+    pub fn is_mismatch(&self) -> bool {
+        matches!(self, Self::WorkspaceMismatch(_) | Self::ProtocolMismatch(_))
+    }
+}
+
 #[derive(Debug)]
 struct State_ {
     synced: bool,
     last_sync: Option<std::time::Instant>,
-    agent: AgentStatus,
+    /// What the last observation of each agent (by URL) showed.
+    agents: BTreeMap<String, AgentStatus>,
     parked_sends: u64,
+}
+
+impl State_ {
+    /// All agents together, for the report: a mismatch anywhere first (a misconfiguration,
+    /// not weather), then one usable is enough, then unreachable.
+    fn agent(&self) -> AgentStatus {
+        let all = || self.agents.values();
+        let mismatch = all().find(|s| s.is_mismatch());
+        let ok = || all().find(|s| **s == AgentStatus::Ok);
+        let unreachable = || all().find(|s| matches!(s, AgentStatus::Unreachable(_)));
+        mismatch
+            .or_else(ok)
+            .or_else(unreachable)
+            .cloned()
+            .unwrap_or(AgentStatus::Unchecked)
+    }
+
+    /// Whether some agent link is usable now.
+    fn usable(&self) -> bool {
+        self.agents.values().any(|s| *s == AgentStatus::Ok)
+    }
+
+    fn mismatched(&self) -> bool {
+        self.agents.values().any(AgentStatus::is_mismatch)
+    }
 }
 
 /// Renders `/metrics` (the text exposition format).
@@ -73,7 +110,7 @@ impl std::fmt::Debug for Health {
 pub struct Snapshot {
     /// When the last sync succeeded.
     pub last_sync: Option<std::time::Instant>,
-    /// The agent handshake is good.
+    /// An agent link is usable now.
     pub agent_up: bool,
     /// No workspace (or protocol) mismatch.
     pub workspace_ok: bool,
@@ -101,7 +138,7 @@ impl Default for Health {
             state: Mutex::new(State_ {
                 synced: false,
                 last_sync: None,
-                agent: AgentStatus::Unchecked,
+                agents: BTreeMap::new(),
                 parked_sends: 0,
             }),
             metrics: std::sync::OnceLock::new(),
@@ -131,31 +168,25 @@ impl Health {
         let s = self.lock();
         Snapshot {
             last_sync: s.last_sync,
-            agent_up: s.agent == AgentStatus::Ok,
-            workspace_ok: !matches!(
-                s.agent,
-                AgentStatus::WorkspaceMismatch(_) | AgentStatus::ProtocolMismatch(_)
-            ),
+            agent_up: s.usable(),
+            workspace_ok: !s.mismatched(),
             parked_sends: s.parked_sends,
         }
     }
 
-    /// Records the outcome of an agent handshake. A workspace or protocol mismatch sticks until
-    /// a later handshake succeeds: an unreachable agent does not hide it.
-    pub fn set_agent(&self, status: AgentStatus) {
+    /// Records what the agent at `url` showed: a handshake's outcome, or a connection lost
+    /// (`Unreachable`). A workspace or protocol mismatch sticks until a handshake with that
+    /// agent succeeds: an agent that then goes away does not hide it.
+    pub fn set_agent(&self, url: &str, status: AgentStatus) {
         let mut s = self.lock();
-        let sticky = matches!(
-            s.agent,
-            AgentStatus::WorkspaceMismatch(_) | AgentStatus::ProtocolMismatch(_)
-        );
-        // Once the workspace proof passed, a dropped connection (an agent restart) does not
-        // make the surface unhealthy: restarting the surface would not help, and the links
-        // reconnect on their own.
-        let proven = s.agent == AgentStatus::Ok;
-        if (sticky || proven) && matches!(status, AgentStatus::Unreachable(_)) {
+        let entry = s
+            .agents
+            .entry(url.to_owned())
+            .or_insert(AgentStatus::Unchecked);
+        if entry.is_mismatch() && matches!(status, AgentStatus::Unreachable(_)) {
             return;
         }
-        s.agent = status;
+        *entry = status;
     }
 
     /// How many posts are parked (see [`crate::send`]).
@@ -166,7 +197,7 @@ impl Health {
     /// The current status.
     pub fn report(&self) -> Report {
         let s = self.lock();
-        let (status, detail) = match (&s.agent, s.synced) {
+        let (status, detail) = match (&s.agent(), s.synced) {
             (AgentStatus::WorkspaceMismatch(d), _) => ("workspace_mismatch", Some(d.clone())),
             (AgentStatus::ProtocolMismatch(d), _) => ("protocol_mismatch", Some(d.clone())),
             (_, false) => (
@@ -210,10 +241,16 @@ async fn metrics(State(health): State<Arc<Health>>) -> axum::response::Response 
     }
 }
 
-/// The health router: `/healthz` and `/metrics`.
+/// Liveness: the process serves.
+async fn livez() -> &'static str {
+    "alive\n"
+}
+
+/// The health router: `/healthz` (readiness), `/livez` (liveness) and `/metrics`.
 pub fn app(health: Arc<Health>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .with_state(health)
 }
@@ -409,22 +446,41 @@ mod tests {
         assert_eq!(h.report().status, "starting");
         h.set_synced();
         assert_eq!(h.report().status, "agent_unchecked");
-        h.set_agent(AgentStatus::Unreachable("refused".into()));
+        assert!(!h.snapshot().agent_up);
+        let a = "ws://a:8700/";
+        h.set_agent(a, AgentStatus::Unreachable("refused".into()));
         assert_eq!(h.report().status, "agent_unreachable");
-        h.set_agent(AgentStatus::Ok);
+        h.set_agent(a, AgentStatus::Ok);
         assert_eq!(h.report().status, "ok");
-        h.set_agent(AgentStatus::WorkspaceMismatch("sentinel not found".into()));
+        assert!(h.snapshot().agent_up);
+        h.set_agent(a, AgentStatus::WorkspaceMismatch("sentinel not found".into()));
         assert_eq!(h.report().status, "workspace_mismatch");
-        h.set_agent(AgentStatus::Unreachable("refused".into()));
+        assert!(!h.snapshot().workspace_ok);
+        h.set_agent(a, AgentStatus::Unreachable("refused".into()));
         assert_eq!(
             h.report().status,
             "workspace_mismatch",
             "mismatch is sticky"
         );
-        h.set_agent(AgentStatus::Ok);
+        h.set_agent(a, AgentStatus::Ok);
         assert_eq!(h.report().status, "ok");
-        h.set_agent(AgentStatus::Unreachable("agent restarting".into()));
-        assert_eq!(h.report().status, "ok", "a proven agent may restart");
+        h.set_agent(a, AgentStatus::Unreachable("agent restarting".into()));
+        assert_eq!(
+            h.report().status,
+            "agent_unreachable",
+            "an agent that was fine and went away is not ready, whatever happened before"
+        );
+        assert!(!h.snapshot().agent_up);
+        h.set_agent(a, AgentStatus::Ok);
+        // A second agent: one usable is enough; one mismatched is reported.
+        let b = "ws://b:8700/";
+        h.set_agent(b, AgentStatus::Unreachable("down".into()));
+        assert_eq!(h.report().status, "ok", "chats fail over to the usable agent");
+        assert!(h.snapshot().agent_up && h.snapshot().workspace_ok);
+        h.set_agent(b, AgentStatus::ProtocolMismatch("v2".into()));
+        assert_eq!(h.report().status, "protocol_mismatch");
+        assert!(h.snapshot().agent_up && !h.snapshot().workspace_ok);
+        h.set_agent(b, AgentStatus::Ok);
         assert_eq!(
             serde_json::to_string(&h.report()).unwrap(),
             r#"{"status":"ok","parked_sends":0}"#

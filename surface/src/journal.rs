@@ -105,7 +105,8 @@ pub struct NewEvent {
 /// What the journal holds that nothing acted on yet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
-    /// Events pending or waiting.
+    /// Messages not answered yet and not in the agent's hands: events pending or waiting, and
+    /// turns stored that the agent has not accepted (acked).
     pub unhandled: u64,
     /// Of those, events waiting for their room key.
     pub waiting_for_keys: u64,
@@ -456,12 +457,18 @@ impl Journal {
         )? as u64)
     }
 
-    /// Across all chats: events not handled yet (pending or waiting), how many of them wait
-    /// for a room key, and when the oldest was recorded (ms since the epoch).
+    /// Across all chats: messages not handled yet (events pending or waiting, and turns the
+    /// agent has not accepted: a message that waits for an unreachable agent counts), how many
+    /// wait for a room key, and when the oldest was recorded (ms since the epoch).
     pub fn backlog(&self) -> Result<Backlog> {
         Ok(self.conn().query_row(
-            "SELECT COUNT(*), COALESCE(SUM(state = 'waiting'), 0), MIN(recorded_ms) \
-             FROM events WHERE state IN ('pending', 'waiting')",
+            "SELECT COUNT(*), COALESCE(SUM(waiting), 0), MIN(recorded_ms) FROM ( \
+               SELECT state = 'waiting' AS waiting, recorded_ms FROM events \
+                 WHERE state IN ('pending', 'waiting') \
+               UNION ALL \
+               SELECT 0, e.recorded_ms FROM turns t \
+                 LEFT JOIN events e ON e.event_id = t.event_id \
+                 WHERE t.acked = 0 AND t.ended = 0)",
             [],
             |r| {
                 Ok(Backlog {
@@ -798,10 +805,18 @@ mod tests {
             j.set_context_ready("$1", &cm).unwrap();
             assert_eq!(j.next_pending(&chat).unwrap().unwrap().event.event_id, "$3");
             assert_eq!(j.ready_context(&chat).unwrap(), vec![("$1".to_owned(), cm)]);
+            let before = j.backlog().unwrap();
+            assert_eq!(before.unhandled, 2, "the context message and the trigger");
             let m = j.create_turn(&chat, msg("$3"), &["$1".into()]).unwrap();
             assert_eq!(m.seq, 1);
             assert!(j.next_pending(&chat).unwrap().is_none());
             assert!(j.ready_context(&chat).unwrap().is_empty());
+            let stored = j.backlog().unwrap();
+            assert_eq!(
+                stored.unhandled, 1,
+                "a turn the agent has not accepted still waits"
+            );
+            assert!(stored.oldest_ms.is_some());
         }
         // Restart: the unfinished turn is still there, with its seq.
         let j = Journal::open(&path).unwrap();
@@ -817,8 +832,10 @@ mod tests {
         assert_eq!(unended.len(), 1);
         assert_eq!(unended[0].seq, 1);
         assert_eq!(j.turns_to_send(&chat, 1).unwrap(), vec![]);
+        assert_eq!(j.backlog().unwrap().unhandled, 1, "also after a restart");
         j.mark_acked(&chat, 1).unwrap();
         assert!(j.is_acked(&chat, 1).unwrap());
+        assert_eq!(j.backlog().unwrap(), Backlog::default(), "the agent has it");
         j.finish_turn(&chat, 1).unwrap();
         assert!(j.unended_turns(&chat).unwrap().is_empty());
         assert_eq!(j.ended_turns_after(&chat, 0).unwrap(), 1);

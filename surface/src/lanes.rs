@@ -93,6 +93,9 @@ struct Lane {
     room: Room,
     link: LinkHandle,
     events: mpsc::Receiver<LinkEvent>,
+    /// The room was told that the agent cannot be reached, and the agent has not accepted a
+    /// turn since: the next turn does not tell it again.
+    outage_told: bool,
 }
 
 async fn lane(ctx: Ctx, chat: ChatRef, handle: Arc<LaneHandle>) {
@@ -122,6 +125,7 @@ async fn lane(ctx: Ctx, chat: ChatRef, handle: Arc<LaneHandle>) {
         room,
         link,
         events,
+        outage_told: false,
     };
 
     // Turns stored before a restart: the link resends them, we render their answers.

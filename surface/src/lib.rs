@@ -201,8 +201,14 @@ pub async fn run_with(
     if let (Some(listener), Some(m)) = (mcp_listener, &ctx.config.mcp) {
         tracker.spawn(mcp::serve(ctx.clone(), listener, m.token.clone()));
     }
+    let watch_chat = agent_link::watch_chat(ctx.config.user_id.as_str());
     for url in ctx.config.agent_urls.clone() {
-        tracker.spawn(probe_agent(ctx.clone(), url));
+        tracker.spawn(agent_link::watch(
+            ctx.endpoint.clone(),
+            url,
+            watch_chat.clone(),
+            ctx.shutdown.clone(),
+        ));
     }
     tracker.spawn(outbound::run_outbox(ctx.clone()));
     tracker.spawn(outbound::run_retention(ctx.clone()));
@@ -236,45 +242,4 @@ pub async fn run_with(
         warn!("some tasks did not finish in time; they resume after restart");
     }
     result.context("matrix sync failed")
-}
-
-/// Checks the agent handshake (version and shared workspace) once at start-up, so `/healthz`
-/// reports a mismatch before the first message arrives. Retries until it gets an answer.
-async fn probe_agent(ctx: Ctx, url: Url) {
-    let Ok(chat) = ChatId::new("surface-probe") else {
-        return;
-    };
-    let mut delays = ExponentialBuilder::default()
-        .with_jitter()
-        .with_max_delay(Duration::from_secs(10))
-        .without_max_times()
-        .build();
-    loop {
-        let outcome = tokio::select! {
-            _ = ctx.shutdown.cancelled() => return,
-            r = agent_link::handshake(&ctx.endpoint, &url, &chat) => r,
-        };
-        let agent = url.as_str();
-        match outcome {
-            Ok((conn, welcome)) => {
-                conn.close().await;
-                ctx.health.set_agent(AgentStatus::Ok);
-                info!(agent, agent_name = %welcome.agent, agent_version = %welcome.agent_version, "agent handshake ok: shared workspace confirmed");
-                return;
-            }
-            Err(e @ (HandshakeError::Workspace(_) | HandshakeError::Version { .. })) => {
-                error!(error = %e, agent, "AGENT CHECK FAILED: the surface and the agent do not share the workspace or protocol; nothing will be forwarded");
-                ctx.health.set_agent(e.health());
-            }
-            Err(e) => {
-                warn!(error = %e, agent, "agent not reachable yet");
-                ctx.health.set_agent(e.health());
-            }
-        }
-        let delay = delays.next().unwrap_or(Duration::from_secs(10));
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
-    }
 }

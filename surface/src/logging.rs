@@ -10,14 +10,17 @@ pub mod redact;
 use std::io::IsTerminal;
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// The filter when `RUST_LOG` is not set.
-const DEFAULT_FILTER: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
-                              matrix_sdk_crypto::backups=error";
+pub const DEFAULT_FILTER: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
+                                  matrix_sdk_crypto::backups=error";
 
 /// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
 const OWN_CRATES: &[&str] = &["surface", "confine", "protocol"];
@@ -40,32 +43,52 @@ pub fn init(json: bool) {
     let rust_log = std::env::var("RUST_LOG").ok();
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let clock = crate::latency::wanted(rust_log.as_deref());
+    let ansi = !json && std::io::stdout().is_terminal();
+    subscriber(filter, json, ansi, std::io::stdout, clock).init();
+}
+
+/// What [`init`] installs, writing to `writer`. Every rule of what is written (`filter`, the
+/// credential rule, the quiet 404s) is one per-layer filter on the writing layer: a global
+/// layer that drops events next to a per-layer filter loses later lines (see [`redact`]).
+pub fn subscriber<W>(
+    filter: EnvFilter,
+    json: bool,
+    ansi: bool,
+    writer: W,
+    clock: bool,
+) -> impl Subscriber + Send + Sync + 'static
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let write = if json {
-        tracing_subscriber::fmt::layer().json().boxed()
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(writer)
+            .boxed()
     } else {
         tracing_subscriber::fmt::layer()
-            .with_ansi(std::io::stdout().is_terminal())
+            .with_ansi(ansi)
+            .with_writer(writer)
             .boxed()
     };
-    let clock = crate::latency::wanted(rust_log.as_deref()).then(|| {
+    let clock = clock.then(|| {
         crate::latency::SyncClock.with_filter(tracing_subscriber::filter::filter_fn(
             crate::latency::SyncClock::interested,
         ))
     });
     tracing_subscriber::registry()
-        .with(redaction())
-        .with(QuietNotFound)
-        .with(write.with_filter(filter))
+        .with(write.with_filter(redaction().with(filter).and(QuietNotFound)))
         .with(clock)
-        .init();
 }
 
 /// Drops matrix-sdk's request-failure ERROR events that report a 404.
 #[derive(Debug, Clone, Copy)]
 pub struct QuietNotFound;
 
-impl<S: Subscriber> Layer<S> for QuietNotFound {
-    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+impl QuietNotFound {
+    /// Whether `event` may be written.
+    pub fn allows(event: &Event<'_>) -> bool {
         let meta = event.metadata();
         if *meta.level() != Level::ERROR || !meta.target().starts_with("matrix_sdk::http_client") {
             return true;
@@ -73,6 +96,20 @@ impl<S: Subscriber> Layer<S> for QuietNotFound {
         let mut message = Message(String::new());
         event.record(&mut message);
         !is_not_found(&message.0)
+    }
+}
+
+impl<S: Subscriber> Filter<S> for QuietNotFound {
+    fn enabled(&self, _meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
+        true
+    }
+
+    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
+        Interest::always()
+    }
+
+    fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
+        Self::allows(event)
     }
 }
 
@@ -110,24 +147,69 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sdk_404s_are_dropped_and_other_errors_kept() {
+    /// What the surface writes under the default filter for `script`, each line without its
+    /// timestamp.
+    fn written(script: impl FnOnce()) -> Vec<String> {
         let out = Capture::default();
         let writer = out.clone();
-        let subscriber = tracing_subscriber::registry().with(QuietNotFound).with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(move || writer.clone()),
+        let filter = EnvFilter::new(DEFAULT_FILTER);
+        let subscriber = subscriber(filter, false, false, move || writer.clone(), false);
+        tracing::subscriber::with_default(subscriber, script);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest.trim_start()).to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn every_line_of_ours_is_written_between_dropped_library_events() {
+        let secret = "syt_c2VjcmV0_abcdef";
+        let lines = written(|| {
+            // Filtered out by level and carrying a credential: the pair that used to swallow
+            // the next line of ours.
+            tracing::debug!(target: "matrix_sdk::http_client", "sending request authorization: Bearer {secret}");
+            tracing::warn!(target: "surface::ingest", sender = "@other-bot:hs", "bot loop: not answering another bot");
+            tracing::trace!(target: "hyper::proto::h1", headers = ?[("Authorization", secret)], "encode");
+            tracing::info!(target: "surface::lanes::effects", decision = "approve", "approval answered");
+            // Kept by level, dropped for the credential.
+            tracing::warn!(target: "matrix_sdk::client", "retrying with access_token={secret}");
+            tracing::info!(target: "surface::agent_link", seq = 3, "answer received");
+            // An SDK 404: dropped by its own rule.
+            tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: Api(Server(ClientApi(Error { status_code: 404, body: Standard { kind: NotFound } })))");
+            tracing::info!(target: "surface::ingest", "edit applied to a waiting message");
+            tracing::debug!(target: "matrix_sdk_crypto::machine", "access_token refreshed");
+            tracing::info!(target: "surface::ingest", "redaction removed an inbox file");
+            tracing::debug!(target: "matrix_sdk::sync", "quiet");
+            tracing::warn!(target: "surface::undecrypted", event_id = "$e", "content the bot cannot read");
+            // A library line with nothing secret, at a level the filter keeps.
+            tracing::warn!(target: "matrix_sdk::encryption", "key backup is disabled");
+            tracing::debug!(target: "surface::lanes", "below the default level");
+        });
+        assert_eq!(
+            lines,
+            [
+                "WARN surface::ingest: bot loop: not answering another bot sender=\"@other-bot:hs\"",
+                "INFO surface::lanes::effects: approval answered decision=\"approve\"",
+                "INFO surface::agent_link: answer received seq=3",
+                "INFO surface::ingest: edit applied to a waiting message",
+                "INFO surface::ingest: redaction removed an inbox file",
+                "WARN surface::undecrypted: content the bot cannot read event_id=\"$e\"",
+                "WARN matrix_sdk::encryption: key backup is disabled",
+            ]
         );
-        tracing::subscriber::with_default(subscriber, || {
-            let e404 = "Api(Server(ClientApi(Error { status_code: 404, body: Standard { kind: NotFound, message: \"Account data not found\" } })))";
-            let e500 = "Api(Server(ClientApi(Error { status_code: 500, body: Standard { kind: Unknown, message: \"Internal error\" } })))";
+    }
+
+    #[test]
+    fn sdk_404s_are_dropped_and_other_errors_kept() {
+        let e404 = "Api(Server(ClientApi(Error { status_code: 404, body: Standard { kind: NotFound, message: \"Account data not found\" } })))";
+        let e500 = "Api(Server(ClientApi(Error { status_code: 500, body: Standard { kind: Unknown, message: \"Internal error\" } })))";
+        let text = written(|| {
             tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: {e404}");
             tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: {e500}");
             tracing::error!(target: "surface::send", "post refused: {e404}");
             tracing::warn!(target: "matrix_sdk::http_client", "slow: {e404}");
-        });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        })
+        .join("\n");
         let sdk_404 = text
             .lines()
             .any(|l| l.contains("ERROR matrix_sdk::http_client") && l.contains("404"));

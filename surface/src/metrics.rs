@@ -29,7 +29,8 @@ pub const PROGRESS_SIGNALS: &str = "mxbridge_surface_progress_signals_total";
 pub const AGENT_FAILOVERS: &str = "mxbridge_surface_agent_failovers_total";
 /// Seconds since the last successful sync (set when scraped).
 pub const SYNC_AGE: &str = "mxbridge_surface_sync_last_success_age_seconds";
-/// Journaled events no lane has handled yet (set when scraped).
+/// Messages not answered and not in the agent's hands: journaled events no lane has handled
+/// yet, and turns the agent has not accepted (set when scraped).
 pub const BACKLOG: &str = "mxbridge_surface_journal_backlog";
 /// Age of the oldest of them, seconds (0 without a backlog; set when scraped).
 pub const BACKLOG_AGE: &str = "mxbridge_surface_journal_oldest_unhandled_age_seconds";
@@ -37,7 +38,8 @@ pub const BACKLOG_AGE: &str = "mxbridge_surface_journal_oldest_unhandled_age_sec
 pub const UNDECRYPTABLE_WAITING: &str = "mxbridge_surface_undecryptable_waiting";
 /// Posts the homeserver refused for good (set when scraped).
 pub const PARKED_SENDS: &str = "mxbridge_surface_parked_sends";
-/// 1 while the agent handshake is good (version and shared workspace), else 0.
+/// 1 while an agent link is usable now (handshake good: version, token, shared workspace),
+/// else 0.
 pub const AGENT_UP: &str = "mxbridge_surface_agent_up";
 /// 1 while the agent's workspace sentinel matches ours, 0 on a mismatch.
 pub const WORKSPACE_OK: &str = "mxbridge_surface_workspace_ok";
@@ -67,7 +69,10 @@ fn describe() {
         "Read receipts and typing notices sent for turns, by kind."
     );
     describe_gauge!(SYNC_AGE, Unit::Seconds, "Seconds since the last good sync.");
-    describe_gauge!(BACKLOG, "Journaled events not handled yet.");
+    describe_gauge!(
+        BACKLOG,
+        "Messages waiting: journaled events not handled yet and turns the agent has not accepted."
+    );
     describe_gauge!(
         BACKLOG_AGE,
         Unit::Seconds,
@@ -75,7 +80,7 @@ fn describe() {
     );
     describe_gauge!(UNDECRYPTABLE_WAITING, "Events waiting for their room key.");
     describe_gauge!(PARKED_SENDS, "Posts the homeserver refused for good.");
-    describe_gauge!(AGENT_UP, "1 while the agent handshake is good.");
+    describe_gauge!(AGENT_UP, "1 while an agent link is usable now.");
     describe_gauge!(WORKSPACE_OK, "0 while the agent sees another workspace.");
 }
 

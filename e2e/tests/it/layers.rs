@@ -48,6 +48,7 @@ const AGENT: &[&[&str]] = &[
         "config",
         "confine",
         "connection",
+        "logging",
         "memory",
         "metrics",
         "store",

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+mod agent_down;
 mod cli;
 mod conversation;
 mod doctor;

@@ -20,7 +20,7 @@ use tracing::{debug, error, info, instrument, warn};
 use super::Lane;
 use super::live::{self, Live, LiveStep};
 use super::progress::{self, Progress, RoomSignals};
-use super::turn::{Input, Outcome, Step, TurnState};
+use super::turn::{Input, Outcome, Step, TurnState, Wait};
 use crate::agent_link::LinkEvent;
 use crate::media;
 use crate::prompts;
@@ -56,6 +56,17 @@ pub(super) struct Turn {
     since: tokio::time::Instant,
     /// Tells the read receipt and typing notice when the turn posts and when it is over.
     progress: Progress,
+    /// Outages the room was told of during this turn (each notice has its own transaction id,
+    /// outside the numbering of the turn's answers, which a resumed turn repeats).
+    outages: u32,
+}
+
+/// Waits until `deadline`, or for ever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Lane {
@@ -92,25 +103,45 @@ impl Lane {
             live_text: String::new(),
             since: tokio::time::Instant::now(),
             progress,
+            outages: 0,
         };
-        let mut state = TurnState::new(&msg.id, msg.seq, self.ctx.config.show_tool_calls);
-        // While recovering, a fixed deadline: reconnects of the link must not extend it, or a
-        // lost end blocks the chat for good.
+        let mut state = TurnState::new(
+            &msg.id,
+            msg.seq,
+            self.ctx.config.show_tool_calls,
+            self.outage_told,
+        );
+        // While recovering, a fixed deadline: only a reconnect after the link was down extends
+        // it, or a lost end blocks the chat for good.
         let mut recovering: Option<tokio::time::Instant> = None;
+        // Since when the turn has been waiting for the agent (not accepted, or the link down).
+        let mut waiting_since: Option<tokio::time::Instant> = None;
         let outcome = 'turn: loop {
-            let deadline =
-                recovering.unwrap_or_else(|| tokio::time::Instant::now() + TURN_IDLE_TIMEOUT);
+            let now = tokio::time::Instant::now();
+            let deadline = match state.wait() {
+                Wait::News => {
+                    waiting_since = None;
+                    Some(recovering.unwrap_or(now + TURN_IDLE_TIMEOUT))
+                }
+                Wait::Agent => self
+                    .ctx
+                    .config
+                    .agent_down_notice
+                    .map(|grace| *waiting_since.get_or_insert(now) + grace),
+                // The message is in the journal: it waits for the agent as long as it takes.
+                Wait::AgentTold => None,
+            };
             let input = tokio::select! {
                 _ = self.ctx.shutdown.cancelled() => Input::Stop,
-                r = tokio::time::timeout_at(deadline, self.events.recv()) => match r {
-                    Err(_) => Input::Quiet,
-                    Ok(None) => Input::Stop,
-                    Ok(Some(LinkEvent::Connected { last_seq })) => {
+                _ = until(deadline) => Input::Quiet,
+                r = self.events.recv() => match r {
+                    None => Input::Stop,
+                    Some(LinkEvent::Connected { last_seq }) => {
                         debug!(last_seq, "link (re)connected during turn");
                         Input::Connected { last_seq }
                     }
-                    Ok(Some(LinkEvent::Disconnected)) => Input::Disconnected,
-                    Ok(Some(LinkEvent::Message(m))) => {
+                    Some(LinkEvent::Disconnected) => Input::Disconnected,
+                    Some(LinkEvent::Message(m)) => {
                         turn.since = tokio::time::Instant::now();
                         turn.progress.agent_heard();
                         Input::Message(m)
@@ -121,6 +152,23 @@ impl Lane {
                 match step {
                     Step::Answer(text) => self.answer(&mut turn, &text).await,
                     Step::Progress => self.progress(&mut turn, state.pending_text()).await,
+                    Step::Notice {
+                        text,
+                        purpose: purpose @ "agent-unreachable",
+                    } => {
+                        let waited = waiting_since.map(|t| t.elapsed().as_secs()).unwrap_or(0);
+                        warn!(
+                            waited_s = waited,
+                            "the agent cannot be reached; the room is told its message waits"
+                        );
+                        turn.outages += 1;
+                        let txn = render::notice_txn_id(
+                            &format!("{}#{}", turn.turn, turn.outages),
+                            purpose,
+                        );
+                        let content = turn.target.notice(&text);
+                        self.post_as(&mut turn, content, purpose, txn).await;
+                    }
                     Step::Notice { text, purpose } => {
                         if purpose == "turn-failed" {
                             warn!(notice = %text, "turn did not complete");
@@ -139,6 +187,7 @@ impl Lane {
                 }
             }
         };
+        self.outage_told = state.told();
         turn.progress.over();
         self.ctx.waits.turn_over(&turn.turn);
         match outcome {

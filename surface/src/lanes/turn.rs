@@ -2,7 +2,8 @@
 //! shutdown) goes in, what to do in the room comes out. The lane executes the steps
 //! (`lanes::effects`); this module decides them, and its table tests pin the rules: answer text
 //! is posted before anything that follows it, a turn the agent already had waits only a fixed
-//! time for news, and every way a turn ends is named.
+//! time for news, a turn the agent cannot be reached for waits as long as it takes and says so
+//! once per outage, and every way a turn ends is named.
 
 use std::collections::HashMap;
 
@@ -22,7 +23,7 @@ pub enum Input {
     Disconnected,
     /// A message from the agent.
     Message(ToSurface),
-    /// No news before the current deadline.
+    /// No news before the current deadline ([`TurnState::wait`] says which).
     Quiet,
     /// Shutdown, or the link is gone for good: the turn stays open and resumes after restart.
     Stop,
@@ -49,7 +50,9 @@ pub enum Step {
     /// Ask the user a question.
     Ask(AskUser),
     /// The agent had this turn before: from now on wait only a fixed time for news (a lost
-    /// `end` must not block the chat); reconnects do not extend that time.
+    /// `end` must not block the chat). A reconnect extends that time only after the link was
+    /// down (the agent resumes its unfinished turns on a new connection); a link that stays up
+    /// does not.
     Recover,
     /// The agent is working on the turn: the normal idle deadline applies again.
     Resume,
@@ -81,9 +84,24 @@ impl Outcome {
 
 /// Text of the notice when the agent went quiet.
 pub const TIMEOUT_NOTICE: &str = "⚠️ The agent did not finish answering this message.";
+/// Text of the notice when the agent could not be reached for a while (once per outage).
+pub const UNREACHABLE_NOTICE: &str = "⏳ I can't reach my agent right now; your message is saved \
+                                      and will be answered when it is back.";
 /// Text of the notice when a turn's end was lost.
 pub const LOST_NOTICE: &str = "⚠️ I lost the connection to the agent while it was answering; \
                                the answer may be incomplete.";
+
+/// What the turn waits for now, and so which deadline applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// The agent has the turn and the link is up: news within the idle (or recovery) time.
+    News,
+    /// The agent does not have the turn or the link is down: tell the room after the grace.
+    Agent,
+    /// As [`Wait::Agent`], and the room was told in this outage: wait without a deadline (the
+    /// message is in the journal; it is answered when the agent is back).
+    AgentTold,
+}
 
 /// The state of one turn.
 #[derive(Debug, Clone)]
@@ -95,11 +113,19 @@ pub struct TurnState {
     /// Tool calls being streamed: call id → (name, arguments so far).
     tool_calls: HashMap<String, (String, String)>,
     recovering: bool,
+    /// The agent has the turn (its ack, a welcome that covers it, or news about it).
+    accepted: bool,
+    /// The link dropped and has not come back.
+    link_down: bool,
+    /// The room was told the agent cannot be reached, in this outage (it may have started in
+    /// an earlier turn of the chat; it ends when the agent accepts a turn).
+    told: bool,
 }
 
 impl TurnState {
-    /// A turn `turn` (the trigger's event id) stored as `seq`.
-    pub fn new(turn: impl Into<String>, seq: u64, show_tool_calls: bool) -> Self {
+    /// A turn `turn` (the trigger's event id) stored as `seq`; `told`: the room was already told
+    /// of the current outage (see [`TurnState::told`]).
+    pub fn new(turn: impl Into<String>, seq: u64, show_tool_calls: bool, told: bool) -> Self {
         Self {
             turn: turn.into(),
             seq,
@@ -107,7 +133,25 @@ impl TurnState {
             text: String::new(),
             tool_calls: HashMap::new(),
             recovering: false,
+            accepted: false,
+            link_down: false,
+            told,
         }
+    }
+
+    /// What the turn waits for now.
+    pub fn wait(&self) -> Wait {
+        match (self.accepted && !self.link_down, self.told) {
+            (true, _) => Wait::News,
+            (false, false) => Wait::Agent,
+            (false, true) => Wait::AgentTold,
+        }
+    }
+
+    /// Whether the room has been told of an outage that is not over (the chat's next turn
+    /// starts with it).
+    pub fn told(&self) -> bool {
+        self.told
     }
 
     /// The steps `input` calls for.
@@ -115,6 +159,15 @@ impl TurnState {
         let mut steps = Vec::new();
         match input {
             Input::Stop => steps.push(Step::Finish(Outcome::Interrupted)),
+            Input::Quiet if self.wait() != Wait::News => {
+                if !self.told {
+                    self.told = true;
+                    steps.push(Step::Notice {
+                        text: UNREACHABLE_NOTICE.to_owned(),
+                        purpose: "agent-unreachable",
+                    });
+                }
+            }
             Input::Quiet => {
                 self.flush(&mut steps);
                 let (text, purpose, outcome) = if self.recovering {
@@ -128,9 +181,14 @@ impl TurnState {
                 });
                 steps.push(Step::Finish(outcome));
             }
-            Input::Disconnected => {}
+            Input::Disconnected => self.link_down = true,
             Input::Connected { last_seq } => {
+                let was_down = std::mem::take(&mut self.link_down);
                 if last_seq >= self.seq {
+                    self.accept();
+                    if self.recovering && was_down {
+                        steps.push(Step::Recover);
+                    }
                     self.recover(&mut steps);
                 }
             }
@@ -140,13 +198,22 @@ impl TurnState {
     }
 
     fn on_message(&mut self, m: ToSurface, steps: &mut Vec<Step>) {
-        if turn_of(&m) == Some(self.turn.as_str()) && self.recovering {
-            self.recovering = false;
-            steps.push(Step::Resume);
+        self.link_down = false;
+        if turn_of(&m) == Some(self.turn.as_str()) {
+            self.accept();
+            if self.recovering {
+                self.recovering = false;
+                steps.push(Step::Resume);
+            }
         }
         let mine = |t: &str| t == self.turn;
         match m {
-            ToSurface::Ack(a) if a.seq == self.seq && a.duplicate => self.recover(steps),
+            ToSurface::Ack(a) if a.seq == self.seq => {
+                self.accept();
+                if a.duplicate {
+                    self.recover(steps);
+                }
+            }
             ToSurface::End(e) if mine(&e.turn) => {
                 self.flush(steps);
                 if e.status != EndStatus::Completed {
@@ -207,6 +274,12 @@ impl TurnState {
             }
             _ => {}
         }
+    }
+
+    /// The agent has the turn: an outage is over.
+    fn accept(&mut self) {
+        self.accepted = true;
+        self.told = false;
     }
 
     /// Answer text not posted yet.
@@ -280,8 +353,40 @@ mod tests {
 
     /// Runs `inputs` through a fresh turn `$t` (seq 3) and returns every step, per input.
     fn run(show_tools: bool, inputs: Vec<Input>) -> Vec<Vec<Step>> {
-        let mut s = TurnState::new("$t", 3, show_tools);
+        let mut s = TurnState::new("$t", 3, show_tools, false);
         inputs.into_iter().map(|i| s.on(i)).collect()
+    }
+
+    fn ack(seq: u64, duplicate: bool) -> Input {
+        msg(json!({"type": "ack", "seq": seq, "duplicate": duplicate}))
+    }
+
+    fn unreachable() -> Step {
+        notice(UNREACHABLE_NOTICE, "agent-unreachable")
+    }
+
+    #[test]
+    fn what_the_turn_waits_for() {
+        let mut s = TurnState::new("$t", 3, false, false);
+        assert_eq!(s.wait(), Wait::Agent, "a new turn waits for the agent to take it");
+        s.on(ack(2, false));
+        assert_eq!(s.wait(), Wait::Agent, "another turn's ack is not this one's");
+        s.on(Input::Quiet);
+        assert_eq!(s.wait(), Wait::AgentTold, "told: no deadline any more");
+        assert!(s.told());
+        s.on(ack(3, false));
+        assert_eq!(s.wait(), Wait::News);
+        assert!(!s.told(), "the agent took the turn: the outage is over");
+        s.on(Input::Disconnected);
+        assert_eq!(s.wait(), Wait::Agent, "a dropped link is a new outage");
+        s.on(Input::Connected { last_seq: 3 });
+        assert_eq!(s.wait(), Wait::News);
+
+        let told = TurnState::new("$u", 4, false, true);
+        assert_eq!(told.wait(), Wait::AgentTold, "told in an earlier turn of this outage");
+        let mut told = told;
+        assert_eq!(told.on(Input::Quiet), vec![], "and not told again");
+        assert!(told.told(), "the next turn is not told either");
     }
 
     #[test]
@@ -472,6 +577,56 @@ mod tests {
                     msg(json!({"type": "ack", "seq": 3, "duplicate": false})),
                 ],
                 vec![vec![], vec![]],
+            ),
+            (
+                "an agent that never takes the turn: the room is told once, the turn waits",
+                false,
+                vec![Input::Quiet, Input::Quiet, Input::Connected { last_seq: 2 }],
+                vec![vec![unreachable()], vec![], vec![]],
+            ),
+            (
+                "when the agent takes the turn after an outage, the answer comes as usual",
+                false,
+                vec![Input::Quiet, ack(3, false), text("hi"), end("completed")],
+                vec![
+                    vec![unreachable()],
+                    vec![],
+                    vec![Step::Progress],
+                    vec![answer("hi"), Step::Finish(Outcome::Ended)],
+                ],
+            ),
+            (
+                "a link lost mid-turn is an outage too; its return covers the turn: recover",
+                false,
+                vec![
+                    text("half"),
+                    Input::Disconnected,
+                    Input::Quiet,
+                    Input::Connected { last_seq: 3 },
+                    Input::Quiet,
+                ],
+                vec![
+                    vec![Step::Progress],
+                    vec![],
+                    vec![unreachable()],
+                    vec![Step::Recover],
+                    vec![
+                        answer("half"),
+                        notice(LOST_NOTICE, "turn-lost"),
+                        Step::Finish(Outcome::Lost),
+                    ],
+                ],
+            ),
+            (
+                "recovery is extended by a reconnect after a drop, not by one without",
+                false,
+                vec![
+                    ack(3, true),
+                    Input::Connected { last_seq: 3 },
+                    Input::Disconnected,
+                    Input::Connected { last_seq: 3 },
+                ],
+                vec![vec![Step::Recover], vec![], vec![], vec![Step::Recover]],
             ),
             (
                 "shutdown leaves the turn open",

@@ -1,12 +1,18 @@
 //! Keeps credentials out of the log at every level, whatever `RUST_LOG` says: library events
-//! that carry one are dropped before any filter or formatter sees them.
+//! that carry one are never written.
 //!
 //! At TRACE, tungstenite logs the whole WebSocket upgrade request, `Authorization: Bearer …`
 //! included, and other HTTP libraries may print headers, URLs with `access_token=` or request
 //! bodies in the same way. We cannot rewrite those lines (a `Layer` may only drop an event), and
 //! we cannot know every library's format, so any event from outside our own crates whose field
-//! names or values mention a credential is dropped. Because this is a layer decision and not a
-//! level, no `RUST_LOG` brings those events back. Our own crates are exempt: they hold secrets
+//! names or values mention a credential is dropped. Because this is a decision on the event and
+//! not a level, no `RUST_LOG` brings those events back.
+//!
+//! It is a *per-layer* filter, combined with `RUST_LOG`'s on the writing layer
+//! ([`Redact::with`]), never a global layer: a global `event_enabled` that says no next to a
+//! per-layer filter that also said no leaves the per-layer bookkeeping of that thread set, and
+//! the next event written there is skipped (tokio-rs/tracing#2519's class of bug: our own
+//! lines vanished after a dropped library event). Our own crates are exempt: they hold secrets
 //! in `protocol::Secret`, whose `Debug` is `[redacted]`, and a config dump that merely names an
 //! `access_token` field must not vanish.
 //!
@@ -16,8 +22,12 @@
 use std::fmt::Write as _;
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
-use tracing_subscriber::layer::{Context, Layer};
+use tracing::subscriber::Interest;
+use tracing::{Event, Metadata, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::layer::{Context, Filter};
+use tracing_subscriber::registry::LookupSpan;
 
 /// Lower-case fragments that mark a credential in a field name or value.
 const MARKERS: &[&str] = &[
@@ -49,10 +59,9 @@ impl Redact {
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
         })
     }
-}
 
-impl<S: Subscriber> Layer<S> for Redact {
-    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+    /// Whether `event` may be written.
+    pub fn allows(&self, event: &Event<'_>) -> bool {
         // Events bridged from the `log` crate have the target "log" here (the real one is a
         // field), so they are never mistaken for our own.
         if self.is_own(event.metadata().target()) {
@@ -61,6 +70,30 @@ impl<S: Subscriber> Layer<S> for Redact {
         let mut scan = Scan::default();
         event.record(&mut scan);
         !scan.found
+    }
+
+    /// The filter of a writing layer: `env` (`RUST_LOG`) and this rule.
+    pub fn with<S>(self, env: EnvFilter) -> impl Filter<S> + Send + Sync + 'static
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        env.and(self)
+    }
+}
+
+impl<S: Subscriber> Filter<S> for Redact {
+    fn enabled(&self, _meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
+        true
+    }
+
+    // Never decides by callsite: the other filter's interest stands, and events are judged
+    // one by one in `event_enabled`.
+    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
+        Interest::always()
+    }
+
+    fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
+        self.allows(event)
     }
 }
 
@@ -95,8 +128,7 @@ impl Visit for Scan {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use tracing_subscriber::EnvFilter;
-    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
 
     use super::*;
 
@@ -117,15 +149,13 @@ mod tests {
     fn library_credentials_never_reach_the_output_even_at_trace() {
         let out = Capture::default();
         let writer = out.clone();
-        let subscriber = tracing_subscriber::registry()
-            .with(Redact::new(&["own_crate"]))
-            // What an operator might set: everything.
-            .with(EnvFilter::new("trace"))
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .with_writer(move || writer.clone()),
-            );
+        let subscriber = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                // What an operator might set: everything.
+                .with_filter(Redact::new(&["own_crate"]).with(EnvFilter::new("trace"))),
+        );
         tracing::subscriber::with_default(subscriber, || {
             let request =
                 "GET /chat HTTP/1.1\r\nhost: agent\r\nauthorization: Bearer secret123\r\n\r\n";

@@ -338,21 +338,18 @@ impl std::io::Write for Capture {
 
 #[tokio::test]
 async fn the_token_never_reaches_the_log_at_trace() {
-    use tracing_subscriber::layer::SubscriberExt;
-
     // tungstenite logs through the `log` crate; bridge it like the binary's `init` does. Its
     // records go to this thread's subscriber (the test runtime has one thread).
     let _ = tracing_log::LogTracer::init();
     let out = Capture::default();
     let writer = out.clone();
-    let subscriber = tracing_subscriber::registry()
-        .with(surface::logging::redaction())
-        .with(tracing_subscriber::EnvFilter::new("trace"))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(move || writer.clone()),
-        );
+    let subscriber = surface::logging::subscriber(
+        tracing_subscriber::EnvFilter::new("trace"),
+        false,
+        false,
+        move || writer.clone(),
+        false,
+    );
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

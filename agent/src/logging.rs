@@ -1,0 +1,114 @@
+//! Log set-up for the binary: `RUST_LOG` (default `info`), text or JSON lines, no colour codes
+//! off a terminal, and library events that carry a credential dropped at every level
+//! ([`redact`], the surface's rule, the same file).
+
+use tracing::Subscriber;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+
+// The agent sees the bearer token in every upgrade request and sends the API key to the model
+// server.
+#[path = "../../surface/src/logging/redact.rs"]
+pub mod redact;
+
+/// The filter when `RUST_LOG` is not set.
+pub const DEFAULT_FILTER: &str = "info";
+
+/// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
+const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
+
+/// Whether `LOG_FORMAT` asks for JSON lines (`json`; anything else, or nothing, is text).
+pub fn wants_json(format: Option<&str>) -> bool {
+    format.is_some_and(|f| f.trim().eq_ignore_ascii_case("json"))
+}
+
+/// Installs the global subscriber: text, or one JSON object per line when `json`.
+pub fn init(json: bool) {
+    use std::io::IsTerminal;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let ansi = !json && std::io::stdout().is_terminal();
+    subscriber(filter, json, ansi, std::io::stdout).init();
+}
+
+/// What [`init`] installs, writing to `writer`: one writing layer whose per-layer filter is
+/// `filter` and the credential rule together (a global dropping layer would lose later lines;
+/// see [`redact`]).
+pub fn subscriber<W>(
+    filter: EnvFilter,
+    json: bool,
+    ansi: bool,
+    writer: W,
+) -> impl Subscriber + Send + Sync + 'static
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let write = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(writer)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(writer)
+            .boxed()
+    };
+    tracing_subscriber::registry()
+        .with(write.with_filter(redact::Redact::new(OWN_CRATES).with(filter)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn every_line_of_ours_is_written_between_dropped_library_events() {
+        let out = Capture::default();
+        let writer = out.clone();
+        let filter = EnvFilter::new(DEFAULT_FILTER);
+        let subscriber = subscriber(filter, false, false, move || writer.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            let key = "sk-abcdef123456";
+            tracing::trace!(target: "tungstenite::handshake::server", "Request: authorization: Bearer {key}");
+            tracing::info!(target: "agent::session", seq = 1, "turn admitted");
+            tracing::debug!(target: "reqwest::connect", api_key = key, "connecting");
+            tracing::info!(target: "agent::brain::openai", outcome = "ok", "model answered");
+            tracing::warn!(target: "hyper_util::client", "retrying, Authorization: Bearer {key}");
+            tracing::info!(target: "agent::session", seq = 1, "turn ended");
+            tracing::debug!(target: "agent::tools", "below the default level");
+            tracing::info!(target: "rmcp::service", "server initialized");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest.trim_start()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "INFO agent::session: turn admitted seq=1",
+                "INFO agent::brain::openai: model answered outcome=\"ok\"",
+                "INFO agent::session: turn ended seq=1",
+                "INFO rmcp::service: server initialized",
+            ]
+        );
+    }
+}
