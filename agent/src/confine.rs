@@ -30,6 +30,8 @@ pub struct FileEntry {
     pub path: WorkspacePath,
     /// Size in bytes.
     pub size: u64,
+    /// Last modification, when the file system tells.
+    pub modified: Option<std::time::SystemTime>,
 }
 
 /// Deepest folder nesting [`Workspace::list_files`] descends into.
@@ -172,6 +174,7 @@ fn walk(dir: &Dir, at: &WorkspacePath, depth: usize, max_entries: usize, out: &m
             out.push(FileEntry {
                 path,
                 size: meta.len(),
+                modified: meta.modified().ok().map(|t| t.into_std()),
             });
         }
     }
@@ -311,13 +314,8 @@ mod tests {
         let (bytes, cut) = ws.read_prefix(&p("chats/c/sub/a.txt"), 5).unwrap();
         assert_eq!((bytes.as_slice(), cut), (&b"hello"[..], true));
         let listed = ws.list_files(&p("chats/c"), 10).unwrap();
-        assert_eq!(
-            listed,
-            vec![FileEntry {
-                path: p("chats/c/sub/a.txt"),
-                size: 11
-            }]
-        );
+        let listed: Vec<_> = listed.into_iter().map(|e| (e.path, e.size)).collect();
+        assert_eq!(listed, vec![(p("chats/c/sub/a.txt"), 11)]);
         // No temporary file left behind.
         let names: Vec<_> = std::fs::read_dir(dir.path().join("chats/c/sub"))
             .unwrap()

@@ -77,6 +77,9 @@ pub struct Config {
     /// `SURFACE_AGENT_DOWN_NOTICE`: when a turn cannot reach the agent for this long, the room
     /// is told once per outage that its message is saved (`None`: never).
     pub agent_down_notice: Option<Duration>,
+    /// `SURFACE_THREADS=mentions`: in group rooms, messages in a thread the bot posts in are
+    /// answered only when they mention or reply to it (`all`, the default: every one is).
+    pub threads_need_mention: bool,
     /// `SURFACE_KEY_WAIT`: how long a chat waits for the room key of a message that could not
     /// be decrypted before the room is told and later messages are answered.
     pub key_wait: Duration,
@@ -230,6 +233,11 @@ impl Config {
             None => Ok(Some(DEFAULT_AGENT_DOWN_NOTICE)),
             Some(v) => duration("SURFACE_AGENT_DOWN_NOTICE", v, "15s or off").map(Some),
         });
+        let threads_need_mention = p.take(match get("SURFACE_THREADS").as_deref().map(str::trim) {
+            None | Some("all") => Ok(false),
+            Some("mentions") => Ok(true),
+            Some(_) => Err(invalid("SURFACE_THREADS", "expected all or mentions")),
+        });
         let key_wait = p.take(match get("SURFACE_KEY_WAIT") {
             None => Ok(DEFAULT_KEY_WAIT),
             Some(v) => duration("SURFACE_KEY_WAIT", &v, "60s"),
@@ -272,6 +280,7 @@ impl Config {
                 inbox_retention: inbox_retention?,
                 offline_notice_after: offline_notice_after?,
                 agent_down_notice: agent_down_notice?,
+                threads_need_mention: threads_need_mention?,
                 key_wait: key_wait?,
                 stream_interval: stream_interval?,
                 recovery_key,
@@ -629,6 +638,7 @@ mod tests {
         assert_eq!(c.inbox_retention, None);
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
         assert_eq!(c.agent_down_notice, Some(Duration::from_secs(15)));
+        assert!(!c.threads_need_mention);
         assert_eq!(c.key_wait, DEFAULT_KEY_WAIT);
         assert!(c.recovery_key.is_none());
         assert!(c.is_allowed("@alice:example.org"));
@@ -740,6 +750,11 @@ mod tests {
                 "SURFACE_AGENT_DOWN_NOTICE is invalid",
             ),
             (
+                "SURFACE_THREADS",
+                Some("some"),
+                "SURFACE_THREADS is invalid",
+            ),
+            (
                 "SURFACE_KEY_WAIT",
                 Some("a while"),
                 "SURFACE_KEY_WAIT is invalid",
@@ -801,6 +816,7 @@ mod tests {
         env.insert("SURFACE_INBOX_RETENTION", "30d".to_owned());
         env.insert("SURFACE_OFFLINE_NOTICE", "off".to_owned());
         env.insert("SURFACE_AGENT_DOWN_NOTICE", "1m".to_owned());
+        env.insert("SURFACE_THREADS", "mentions".to_owned());
         env.insert("SURFACE_SHOW_TOOL_CALLS", "true".to_owned());
         env.insert(
             "SURFACE_ALLOWED_USERS",
@@ -811,6 +827,7 @@ mod tests {
         assert_eq!(c.inbox_retention, Some(Duration::from_secs(30 * 86400)));
         assert_eq!(c.offline_notice_after, None);
         assert_eq!(c.agent_down_notice, Some(Duration::from_secs(60)));
+        assert!(c.threads_need_mention);
         assert!(c.show_tool_calls);
         assert!(c.is_allowed("@alice:other.org"));
         assert!(c.is_allowed("@bob:example.org"));

@@ -61,8 +61,13 @@ pub struct Facts<'a> {
     pub body: &'a str,
     /// `m.mentions.user_ids` contains the bot.
     pub mentions_bot: bool,
-    /// The message replies to something the bot posted, or is in a thread the bot posts in.
+    /// The message replies to something the bot posted.
     pub reply_to_bot: bool,
+    /// The message is in a thread the bot posts in.
+    pub in_bot_thread: bool,
+    /// `SURFACE_THREADS=mentions`: in a group room, a message in the bot's thread is answered
+    /// only when it mentions or replies to the bot (by default every message there is).
+    pub threads_need_mention: bool,
     /// The room has at most two joined members.
     pub direct_chat: bool,
     /// The room's moderators set the bot to answer every message, not only mentions.
@@ -168,7 +173,7 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         };
     }
     if let Some(kind) = f.unsupported {
-        let addressed = f.direct_chat || f.mentions_bot || f.reply_to_bot;
+        let addressed = f.direct_chat || f.mentions_bot || f.reply_to_bot || in_thread(f);
         return if addressed {
             Decision::Unsupported(kind)
         } else {
@@ -201,7 +206,11 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         }
         None => {}
     }
-    let addressed = f.direct_chat || f.mentions_bot || f.reply_to_bot || body_mentions_bot(f);
+    let addressed = f.direct_chat
+        || f.mentions_bot
+        || f.reply_to_bot
+        || in_thread(f)
+        || body_mentions_bot(f);
     if addressed && let Some(every_message) = mode_command(f) {
         return Decision::SetMode { every_message };
     }
@@ -213,6 +222,12 @@ pub fn decide(f: &Facts<'_>) -> Decision {
     } else {
         Decision::Context
     }
+}
+
+/// A thread the bot posts in is a conversation with it: every message there is addressed to
+/// it, unless `SURFACE_THREADS=mentions` asks for a mention there too.
+fn in_thread(f: &Facts<'_>) -> bool {
+    f.in_bot_thread && !f.threads_need_mention
 }
 
 /// `yes` / `no` / `always` (and a few synonyms). Anything else is a refusal: consent must be
@@ -430,6 +445,37 @@ mod tests {
             ),
             ("m.mentions", |f| f.mentions_bot = true, Decision::Trigger),
             ("reply to bot", |f| f.reply_to_bot = true, Decision::Trigger),
+            (
+                "in the bot's thread: a conversation with it",
+                |f| f.in_bot_thread = true,
+                Decision::Trigger,
+            ),
+            (
+                "in the bot's thread with SURFACE_THREADS=mentions: context",
+                |f| {
+                    f.in_bot_thread = true;
+                    f.threads_need_mention = true;
+                },
+                Decision::Context,
+            ),
+            (
+                "in the bot's thread with SURFACE_THREADS=mentions, mentioned",
+                |f| {
+                    f.in_bot_thread = true;
+                    f.threads_need_mention = true;
+                    f.mentions_bot = true;
+                },
+                Decision::Trigger,
+            ),
+            (
+                "in the bot's thread with SURFACE_THREADS=mentions, a reply to the bot",
+                |f| {
+                    f.in_bot_thread = true;
+                    f.threads_need_mention = true;
+                    f.reply_to_bot = true;
+                },
+                Decision::Trigger,
+            ),
             (
                 "localpart in body",
                 |f| f.body = "bot: help",

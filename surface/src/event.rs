@@ -67,6 +67,19 @@ impl RawEvent {
             .as_str()
     }
 
+    /// The event a person replied to: [`RawEvent::in_reply_to`] unless it is only a thread's
+    /// fallback for clients without threads (`is_falling_back`, MSC3440), which names the
+    /// thread's latest event, whoever sent it.
+    pub fn replied_to(&self) -> Option<&str> {
+        let rel = self.content.get("m.relates_to")?;
+        let falling_back = rel.get("rel_type").and_then(serde_json::Value::as_str) == Some("m.thread")
+            && rel.get("is_falling_back").and_then(serde_json::Value::as_bool) == Some(true);
+        if falling_back {
+            return None;
+        }
+        self.in_reply_to()
+    }
+
     /// For an `m.reaction` (`m.annotation`): the event it annotates and its key.
     pub fn annotation(&self) -> Option<(&str, &str)> {
         if self.kind != "m.reaction" {
@@ -248,6 +261,15 @@ mod tests {
         }));
         assert_eq!(threaded.thread_root().as_deref(), Some("$root"));
         assert_eq!(threaded.in_reply_to(), Some("$prev"));
+        assert_eq!(threaded.replied_to(), Some("$prev"), "a real reply in a thread");
+        let fallback = raw(json!({
+            "event_id": "$f", "sender": "@alice:hs", "origin_server_ts": 1, "type": "m.room.message",
+            "content": {"msgtype": "m.text", "body": "hi",
+                "m.relates_to": {"rel_type": "m.thread", "event_id": "$root",
+                    "is_falling_back": true, "m.in_reply_to": {"event_id": "$latest"}}}
+        }));
+        assert_eq!(fallback.in_reply_to(), Some("$latest"));
+        assert_eq!(fallback.replied_to(), None, "only the thread's fallback");
         assert!(threaded.mentions("@bot:hs"));
         assert_eq!(threaded.body(), "hi");
         let edit = raw(json!({

@@ -71,12 +71,14 @@ pub async fn classify(
     let room_id = room.room_id().as_str();
     let bot = ctx.config.user_id.as_str();
     let thread_root = e.thread_root();
+    // A thread's messages carry a reply fallback to its latest event (MSC3440), which is no
+    // reply to the bot of its own: `is_falling_back` tells them apart.
     let reply_to_bot = e
-        .in_reply_to()
-        .is_some_and(|id| ctx.journal.is_own_post(id).unwrap_or(false))
-        || thread_root
-            .as_deref()
-            .is_some_and(|r| ctx.journal.bot_in_thread(r).unwrap_or(false));
+        .replied_to()
+        .is_some_and(|id| ctx.journal.is_own_post(id).unwrap_or(false));
+    let in_bot_thread = thread_root
+        .as_deref()
+        .is_some_and(|r| ctx.journal.bot_in_thread(r).unwrap_or(false));
     // A reaction answers the prompt it is on, and only for the user the prompt asks.
     let annotation = e.annotation();
     let waiting = match annotation {
@@ -124,6 +126,8 @@ pub async fn classify(
         body: e.body(),
         mentions_bot: e.mentions(bot),
         reply_to_bot,
+        in_bot_thread,
+        threads_need_mention: ctx.config.threads_need_mention,
         direct_chat: facts.members <= 2,
         every_message: facts.every_message,
         waiting,

@@ -1,13 +1,13 @@
 //! Log set-up for the binary: `RUST_LOG` (or a quiet default for the SDK), no colour codes
-//! off a terminal, and matrix-sdk's ERROR line for every 404 dropped: the SDK logs each failed
-//! request before its caller decides that "not found" is an expected answer (account data
-//! never written, an event the homeserver does not hand out), so operators read breakage
-//! where there is none. Other failures keep their ERROR line. Library events that carry a
-//! credential are dropped at every level ([`redact`]).
+//! off a terminal, a few library lines that are noise for an operator dropped ([`is_noise`]:
+//! matrix-sdk's ERROR for every 404, a WARN per retry of a message whose room key is late, the
+//! "own device deleted" WARN of a fresh login), and library events that carry a credential
+//! dropped at every level ([`redact`]).
 
 pub mod redact;
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::field::{Field, Visit};
 use tracing::subscriber::Interest;
@@ -78,28 +78,68 @@ where
         ))
     });
     tracing_subscriber::registry()
-        .with(write.with_filter(redaction().with(filter).and(QuietNotFound)))
+        .with(write.with_filter(redaction().with(filter).and(Quiet)))
         .with(clock)
 }
 
-/// Drops matrix-sdk's request-failure ERROR events that report a 404.
+/// Drops the library lines that are noise for an operator ([`is_noise`]).
 #[derive(Debug, Clone, Copy)]
-pub struct QuietNotFound;
+pub struct Quiet;
 
-impl QuietNotFound {
+/// Set while this device is new: from a start with an empty crypto store to the first good
+/// sync (see [`is_noise`]).
+static NEW_DEVICE: AtomicBool = AtomicBool::new(false);
+
+/// Says whether the bot's device is new (its keys not on the homeserver yet); the sync loop
+/// clears it after the first good sync.
+pub fn set_new_device(new: bool) {
+    NEW_DEVICE.store(new, Ordering::Relaxed);
+}
+
+impl Quiet {
     /// Whether `event` may be written.
     pub fn allows(event: &Event<'_>) -> bool {
         let meta = event.metadata();
-        if *meta.level() != Level::ERROR || !meta.target().starts_with("matrix_sdk::http_client") {
+        if *meta.level() > Level::WARN || !meta.target().starts_with("matrix_sdk") {
             return true;
         }
         let mut message = Message(String::new());
         event.record(&mut message);
-        !is_not_found(&message.0)
+        !is_noise(
+            *meta.level(),
+            meta.target(),
+            &message.0,
+            NEW_DEVICE.load(Ordering::Relaxed),
+        )
     }
 }
 
-impl<S: Subscriber> Filter<S> for QuietNotFound {
+/// Whether a library line is noise (pure):
+/// * matrix-sdk's ERROR for a request answered 404: it is logged before its caller decides that
+///   "not found" is an expected answer (account data never written, an event the homeserver
+///   does not hand out). Other failures keep their line.
+/// * matrix-sdk-crypto's WARN "Failed to decrypt a room event": the surface tries a message
+///   whose room key is late again every 2 s, and logs itself when the message starts waiting
+///   (WARN), when it is decrypted (INFO) and when the wait is given up (WARN); one line per try
+///   was 170 lines in 5.5 minutes for one message.
+/// * matrix-sdk-crypto's WARN "Our own device might have been deleted" while the device is new
+///   (`new_device`): the first key query of a fresh login can come back before this device's
+///   keys are uploaded, and the SDK reads its absence as a deletion. Later, when it would mean
+///   that someone deleted the bot's device, it is kept.
+pub fn is_noise(level: Level, target: &str, message: &str, new_device: bool) -> bool {
+    match level {
+        Level::ERROR => {
+            target.starts_with("matrix_sdk::http_client") && message.contains("status_code: 404")
+        }
+        Level::WARN if target.starts_with("matrix_sdk_crypto") => {
+            message.starts_with("Failed to decrypt a room event")
+                || (new_device && message.starts_with("Our own device might have been deleted"))
+        }
+        _ => false,
+    }
+}
+
+impl<S: Subscriber> Filter<S> for Quiet {
     fn enabled(&self, _meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
         true
     }
@@ -111,11 +151,6 @@ impl<S: Subscriber> Filter<S> for QuietNotFound {
     fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
         Self::allows(event)
     }
-}
-
-/// Whether the SDK's failure text is a 404 (pure).
-pub fn is_not_found(text: &str) -> bool {
-    text.contains("status_code: 404")
 }
 
 struct Message(String);
@@ -180,6 +215,8 @@ mod tests {
             tracing::debug!(target: "matrix_sdk_crypto::machine", "access_token refreshed");
             tracing::info!(target: "surface::ingest", "redaction removed an inbox file");
             tracing::debug!(target: "matrix_sdk::sync", "quiet");
+            // Once per retry of a message whose key is late: the surface says it once itself.
+            tracing::warn!(target: "matrix_sdk_crypto::machine", "Failed to decrypt a room event: Missing room key");
             tracing::warn!(target: "surface::undecrypted", event_id = "$e", "content the bot cannot read");
             // A library line with nothing secret, at a level the filter keeps.
             tracing::warn!(target: "matrix_sdk::encryption", "key backup is disabled");
@@ -197,6 +234,33 @@ mod tests {
                 "WARN matrix_sdk::encryption: key backup is disabled",
             ]
         );
+    }
+
+    #[test]
+    fn noise_table() {
+        use Level as L;
+        let crypto = "matrix_sdk_crypto::machine";
+        let identities = "matrix_sdk_crypto::identities::manager";
+        let http = "matrix_sdk::http_client";
+        let deleted = "Our own device might have been deleted";
+        let cases: &[(Level, &str, &str, bool, bool)] = &[
+            (L::ERROR, http, "Error: Api(... status_code: 404 ...)", false, true),
+            (L::ERROR, http, "Error: Api(... status_code: 500 ...)", false, false),
+            (L::WARN, http, "slow: status_code: 404", false, false),
+            (L::ERROR, "surface::send", "refused: status_code: 404", false, false),
+            (L::WARN, crypto, "Failed to decrypt a room event: Missing room key", false, true),
+            (L::ERROR, crypto, "Failed to decrypt a room event: broken", false, false),
+            (L::WARN, identities, deleted, true, true),
+            (L::WARN, identities, deleted, false, false),
+            (L::WARN, crypto, "Received a room key with an unsupported algorithm", true, false),
+        ];
+        for &(level, target, message, new_device, noise) in cases {
+            assert_eq!(
+                is_noise(level, target, message, new_device),
+                noise,
+                "{level} {target} {message:?} new_device={new_device}"
+            );
+        }
     }
 
     #[test]

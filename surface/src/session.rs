@@ -108,6 +108,8 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
     std::fs::create_dir_all(state).map_err(io_err(state))?;
     let _ = std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o700));
     let store = state.join("matrix-store");
+    // An empty store: this start creates the bot's device (its keys are not uploaded yet).
+    crate::logging::set_new_device(!store.exists());
     let client = Client::builder()
         .homeserver_url(config.homeserver_url.as_str())
         // Keep talking to the configured URL: a homeserver's advertised `public_baseurl` (e.g.

@@ -194,6 +194,7 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
                 ctx.health.set_synced();
                 if !ready {
                     ready = true;
+                    crate::logging::set_new_device(false);
                     settings = SyncSettings::default()
                         .filter(sync_filter())
                         .timeout(LONG_POLL);

@@ -38,7 +38,7 @@ const MAX_SLEEP_MS: u64 = 60_000;
 
 const HELP: &str = "I understand these commands:\n\
 - `help`: this list\n\
-- `files`: list this chat's files with sizes\n\
+- `files`: list this chat's files (name, size, age); `files paths` adds their workspace paths\n\
 - `read <path>`: show the start of a text file (a bare name is looked up in this chat's files)\n\
 - `send <path>`: send a file back (a bare name is looked up in this chat's files)\n\
 - `voice <path>`: send OGG/Opus audio back as a voice message\n\
@@ -58,8 +58,8 @@ Attach files and I describe them: name, MIME type, size, sha256, image size, fir
 pub enum Command<'a> {
     /// `help`
     Help,
-    /// `files`
-    Files,
+    /// `files`, or `files paths` (`true`: with the workspace paths).
+    Files(bool),
     /// `read <path>`
     Read(&'a str),
     /// `send <path>`
@@ -106,7 +106,8 @@ pub fn parse(text: &str, test_hooks: bool) -> Command<'_> {
     };
     match word.to_lowercase().as_str() {
         "help" => Command::Help,
-        "files" => Command::Files,
+        "files" if rest.is_empty() => Command::Files(false),
+        "files" if matches!(rest, "paths" | "path" | "--paths" | "full") => Command::Files(true),
         "read" if !rest.is_empty() => Command::Read(rest),
         "send" if !rest.is_empty() => Command::Send(rest),
         "voice" if !rest.is_empty() => Command::Voice(rest),
@@ -197,10 +198,10 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
 
     let reply = match parse(&turn.text, test_hooks) {
         Command::Help => HELP.to_owned(),
-        Command::Files => {
+        Command::Files(paths) => {
             let out = io.call_tool("list_files", "{}").await;
             if out.ok {
-                format!("Files in this chat:\n{}", out.output)
+                files_for_people(&out.output, std::time::SystemTime::now(), paths)
             } else {
                 format!("I could not list the files: {}", out.output)
             }
@@ -312,6 +313,56 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
 fn file_label(path: &str) -> String {
     let file = path.rsplit('/').next().unwrap_or(path);
     display_name(file)
+}
+
+/// `list_files`' answer for a person: each file's own name (not the inbox's stored name), its
+/// size and age, newest first; its workspace path only when `paths` (pure).
+fn files_for_people(listing: &str, now: std::time::SystemTime, paths: bool) -> String {
+    let mut files: Vec<(String, String, Option<std::time::SystemTime>)> = Vec::new();
+    for line in listing.lines() {
+        let Some((path, facts)) = line.rsplit_once(" (") else {
+            // "No files yet." and anything else that is not a file line.
+            return listing.to_owned();
+        };
+        let facts = facts.trim_end_matches(')');
+        let (size, modified) = match facts.split_once(" bytes") {
+            Some((size, rest)) => (
+                size.parse::<u64>().ok(),
+                rest.strip_prefix(", modified ")
+                    .and_then(|t| humantime::parse_rfc3339(t).ok()),
+            ),
+            None => (None, None),
+        };
+        let size = size.map_or_else(
+            || "size unknown".to_owned(),
+            |b| bytesize::ByteSize::b(b).display().iec().to_string(),
+        );
+        files.push((path.to_owned(), size, modified));
+    }
+    files.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    let mut out = format!("Files in this chat ({}):", files.len());
+    for (path, size, modified) in &files {
+        let age = modified.map_or_else(String::new, |t| format!(", {}", age(now, t)));
+        out.push_str(&format!("\n- {} — {size}{age}", quoted(&file_label(path))));
+        if paths {
+            out.push_str(&format!(" — {}", quoted(path)));
+        }
+    }
+    if !paths && !files.is_empty() {
+        out.push_str("\n(`files paths` shows where each one is in the workspace.)");
+    }
+    out
+}
+
+/// How long ago `then` was, in words (pure).
+fn age(now: std::time::SystemTime, then: std::time::SystemTime) -> String {
+    let secs = now.duration_since(then).map_or(0, |d| d.as_secs());
+    match secs {
+        0..60 => "just now".to_owned(),
+        60..3600 => format!("{} min ago", secs / 60),
+        3600..86_400 => format!("{} h ago", secs / 3600),
+        _ => format!("{} days ago", secs / 86_400),
+    }
 }
 
 /// A user's words quoted back as a code span: shown exactly as written, never rendered as
@@ -455,7 +506,8 @@ mod tests {
         let cases = [
             ("help", Command::Help),
             ("HELP me", Command::Help),
-            ("  files ", Command::Files),
+            ("  files ", Command::Files(false)),
+            ("files paths", Command::Files(true)),
             ("Location: Berlin", Command::Other("Location: Berlin")),
             ("send", Command::Other("send")),
             ("read notes.txt", Command::Read("notes.txt")),
@@ -506,6 +558,37 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(parse(input, true), expected, "{input:?}");
         }
+    }
+
+    #[test]
+    fn file_lists_are_for_people() {
+        let t0 = humantime::parse_rfc3339("2026-11-27T12:00:00Z").unwrap();
+        let listing = "chats/c/notes.txt (12 bytes, modified 2026-11-27T11:58:00Z)\n\
+            surfaces/matrix/@a%3Ahs/!r%3Ahs/inbox/20261127T090000Z-UufhGaNJ-report *draft*.pdf \
+            (1572864 bytes, modified 2026-11-27T09:00:00Z)\n\
+            chats/c/old.txt (0 bytes, modified 2026-11-20T12:00:00Z)\n\
+            chats/c/fresh.txt (3 bytes, modified 2026-11-27T11:59:30Z)";
+        assert_eq!(
+            files_for_people(listing, t0, false),
+            "Files in this chat (4):\n\
+             - `fresh.txt` — 3 B, just now\n\
+             - `notes.txt` — 12 B, 2 min ago\n\
+             - `report *draft*.pdf` — 1.5 MiB, 3 h ago\n\
+             - `old.txt` — 0 B, 7 days ago\n\
+             (`files paths` shows where each one is in the workspace.)"
+        );
+        let with_paths = files_for_people(listing, t0, true);
+        assert!(
+            with_paths.contains("- `notes.txt` — 12 B, 2 min ago — `chats/c/notes.txt`"),
+            "{with_paths}"
+        );
+        assert!(!with_paths.contains("files paths"), "{with_paths}");
+        assert_eq!(files_for_people("No files yet.", t0, false), "No files yet.");
+        // An older agent's listing (no times) still reads.
+        assert_eq!(
+            files_for_people("chats/c/a.txt (2048 bytes)", t0, false),
+            "Files in this chat (1):\n- `a.txt` — 2.0 KiB\n(`files paths` shows where each one is in the workspace.)"
+        );
     }
 
     #[test]

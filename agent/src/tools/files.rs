@@ -31,7 +31,8 @@ impl Tool for ListFiles {
     const NAME: &'static str = "list_files";
     const READ_ONLY: bool = true;
     const DESCRIPTION: &'static str =
-        "List the files this chat can see (its own folder and its room's inbox/outbox) with sizes.";
+        "List the files this chat can see (its own folder and its room's inbox/outbox) with sizes \
+         and modification times.";
     type Args = ListFilesArgs;
 
     fn resource(args: &Self::Args, scope: &ChatScope) -> String {
@@ -50,7 +51,15 @@ impl Tool for ListFiles {
         }
         let lines: Vec<String> = entries
             .iter()
-            .map(|e| format!("{} ({} bytes)", e.path, e.size))
+            .map(|e| match e.modified {
+                Some(t) => format!(
+                    "{} ({} bytes, modified {})",
+                    e.path,
+                    e.size,
+                    humantime::format_rfc3339_seconds(t)
+                ),
+                None => format!("{} ({} bytes)", e.path, e.size),
+            })
             .collect();
         Ok(lines.join("\n").into())
     }

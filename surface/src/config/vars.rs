@@ -94,6 +94,11 @@ pub const VARS: &[Var] = &[
         "announce missed messages after a longer downtime, or off",
     ),
     Var::new(
+        "SURFACE_THREADS",
+        "all",
+        "group rooms: answer every message in a thread the bot posts in (all), or only mentions",
+    ),
+    Var::new(
         "SURFACE_AGENT_DOWN_NOTICE",
         "15s",
         "tell the room once when its message cannot reach the agent for this long, or off",
