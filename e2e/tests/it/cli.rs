@@ -97,12 +97,17 @@ fn configuration_problems_are_one_line_and_exit_code_2_in_both() {
 
 /// The settings cannot drift apart: every variable either binary's `--help` lists is documented
 /// in `.env.example`, and every setting `.env.example` assigns (`NAME=` or `#NAME=`) that a
-/// binary reads is passed through by `compose.yaml`. (Test-only switches are not in `--help`.)
+/// binary reads is passed through by `compose.yaml`; where the README's settings table or
+/// `compose.yaml` (`${NAME:-x}`) gives a default, it is the one `--help` shows. (Test-only
+/// switches are not in `--help`.)
 #[test]
-fn help_env_example_and_compose_agree() {
+fn help_env_example_readme_and_compose_agree() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let env_example = std::fs::read_to_string(root.join(".env.example")).unwrap();
     let compose = std::fs::read_to_string(root.join("compose.yaml")).unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    // `NAME` → default, as `--help` shows them.
+    let mut defaults: Vec<(String, String)> = Vec::new();
     let mentions = |text: &str, name: &str| {
         text.match_indices(name).any(|(at, _)| {
             let before = text[..at].chars().next_back();
@@ -115,6 +120,18 @@ fn help_env_example_and_compose_agree() {
     for name in ["surface", "agent"] {
         let out = run(name, &["--help"], &[]);
         let help = String::from_utf8(out.stdout).unwrap();
+        for option in help.split("[env: ").skip(1) {
+            let Some((var, rest)) = option.split_once(']') else {
+                continue;
+            };
+            if let Some(default) = rest
+                .split_once("[default: ")
+                .and_then(|(_, d)| d.split_once(']'))
+                .map(|(d, _)| d)
+            {
+                defaults.push((var.to_owned(), default.to_owned()));
+            }
+        }
         let options = help
             .split("[env: ")
             .skip(1)
@@ -153,5 +170,47 @@ fn help_env_example_and_compose_agree() {
     assert!(
         dropped.is_empty(),
         "compose.yaml does not pass {dropped:?}, which .env.example documents"
+    );
+
+    // The README's settings table: a row naming `VAR` shows its default in backticks.
+    let mut wrong = Vec::new();
+    for row in readme.lines().filter(|l| l.starts_with("| `")) {
+        let Some((names, rest)) = row[1..].split_once('|') else {
+            continue;
+        };
+        let shown: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
+        for (var, default) in &defaults {
+            let named = names.split('`').skip(1).step_by(2).any(|n| n == var);
+            if named && !default.is_empty() && !shown.iter().any(|s| s.contains(default.as_str())) {
+                wrong.push(format!("{var} (default {default}): {row}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "README rows that do not show the real default:\n{}",
+        wrong.join("\n")
+    );
+    // compose.yaml's fallbacks are the binaries' defaults (or say why not, on the line above).
+    let mut differ = Vec::new();
+    let lines: Vec<&str> = compose.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        for (var, default) in &defaults {
+            let Some(fallback) = line
+                .split_once(&format!("${{{var}:-"))
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map(|(f, _)| f)
+            else {
+                continue;
+            };
+            let explained = i > 0 && lines[i - 1].contains("not the default");
+            if fallback != default && !explained {
+                differ.push(format!("{var}: compose {fallback:?}, --help {default:?}"));
+            }
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "compose.yaml falls back to other defaults than the binaries: {differ:?}"
     );
 }
