@@ -43,12 +43,11 @@ PROJECT="${MXBRIDGE_E2E_PROJECT:-mxbridge-e2e}"
 CACHE="${MXBRIDGE_DOCKER_CACHE:-${HOME:-/root}/.cache/mxbridge/docker-e2e}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/root/.cache/mxbridge/target}"
 
-# Cache keys: bump a version string to force a rebuild of that image.
-BASE_TAG="debian:bookworm-slim"
-BASE_KEY="mxbridge-base-bookworm-minbase-v1"
-SYNAPSE_VERSION="1.163.2"
-SYNAPSE_TAG="mxbridge-local/synapse:${SYNAPSE_VERSION}"
-SYNAPSE_KEY_VERSION="mxbridge-synapse-${SYNAPSE_VERSION}-v1"
+# The image-making machinery shared with scripts/docker-up.sh: BASE_TAG, SYNAPSE_TAG, RUST_TAG and
+# the functions that make them (debootstrap, pip, the Rust stand-in), find_compose, find_buildkit,
+# stage_prebuilt, wait_healthy.
+# shellcheck source=scripts/lib/docker-images.sh
+. "$REPO/scripts/lib/docker-images.sh"
 # dockerfile (default): the agent and surface images are built from ./Dockerfile itself, its
 # builder stage on a local stand-in for rust:1.95-bookworm (the base image plus this machine's
 # Rust toolchain); prebuilt: host-built binaries in docker/prebuilt.Dockerfile (faster, for
@@ -57,7 +56,6 @@ IMAGES="${MXBRIDGE_E2E_IMAGES:-dockerfile}"
 case "$IMAGES" in dockerfile | prebuilt) ;; *) echo "MXBRIDGE_E2E_IMAGES: dockerfile or prebuilt" >&2; exit 2 ;; esac
 AGENT_TAG="mxbridge-local/agent:$IMAGES"
 SURFACE_TAG="mxbridge-local/surface:$IMAGES"
-RUST_TAG="mxbridge-local/rust:1.95-bookworm"
 
 T_START=$(date +%s)
 TIMINGS=()
@@ -84,23 +82,10 @@ if ! docker info >/dev/null 2>&1; then
     exit 0
 fi
 
-apt_updated=0
-apt_install() {
-    if [ "$apt_updated" = 0 ]; then
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        apt_updated=1
-    fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-
 # Compose v2 plugin if present, else docker-compose (1.29, Debian's package);
 # MXBRIDGE_E2E_COMPOSE names another one (e.g. a standalone v2 binary).
-if [ -n "${MXBRIDGE_E2E_COMPOSE:-}" ]; then
-    read -r -a COMPOSE <<<"$MXBRIDGE_E2E_COMPOSE"
-elif docker compose version >/dev/null 2>&1; then
-    COMPOSE=(docker compose)
-else
-    command -v docker-compose >/dev/null 2>&1 || apt_install docker-compose
+if ! find_compose "${MXBRIDGE_E2E_COMPOSE:-}"; then
+    apt_install docker-compose
     COMPOSE=(docker-compose)
 fi
 say "engine $(docker version -f '{{.Server.Version}}'), compose: $("${COMPOSE[@]}" version --short 2>/dev/null || echo '?')"
@@ -117,133 +102,15 @@ dc() {
     "${COMPOSE[@]}" --env-file "$ENV_FILE" -p "$PROJECT" \
         -f "$REPO/compose.yaml" -f "$REPO/compose.local.yaml" "$@"
 }
-cid_of() { # the (possibly stopped) container of a compose service
-    docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT" \
-        --filter "label=com.docker.compose.service=$1" | sed -n 1p
-}
-image_key() { docker image inspect -f '{{ index .Config.Labels "mxbridge.cache-key" }}' "$1" 2>/dev/null || true; }
-image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
 # ------------------------------------------------------------------------------------------------
 # 1. debian:bookworm-slim from Debian packages (debootstrap), cached by tag + key.
-detect_mirror() {
-    python3 - <<'PY'
-import glob, re
-cands = []
-for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
-    for block in re.split(r"\n\s*\n", open(path, encoding="utf-8", errors="replace").read()):
-        fields = {}
-        for line in block.splitlines():
-            if line.startswith("#") or ":" not in line or line[:1].isspace():
-                continue
-            k, v = line.split(":", 1)
-            fields[k.strip().lower()] = v.split()
-        if "deb" in fields.get("types", []) and "bookworm" in fields.get("suites", []):
-            cands += fields.get("uris", [])
-for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
-    try:
-        lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        parts = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
-        if len(parts) >= 3 and parts[0] == "deb" and parts[2] == "bookworm":
-            cands.append(parts[1])
-print(cands[0] if cands else "http://deb.debian.org/debian")
-PY
-}
-
-build_base() {
-    local mirror rootfs
-    mirror="$(detect_mirror)"
-    command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
-    rootfs="$CACHE/rootfs-bookworm"
-    rm -rf "$rootfs"
-    say "debootstrap --variant=minbase bookworm from $mirror"
-    debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
-        || { tail -20 "$CACHE/debootstrap.log"; die "debootstrap failed (log: $CACHE/debootstrap.log)"; }
-    # Slim it down like the official -slim image: no docs/man/locales, no apt lists, and dpkg
-    # excludes so later installs stay slim too.
-    rm -rf "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
-        "$rootfs"/usr/share/locale/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin \
-        "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/* "$rootfs"/etc/resolv.conf \
-        "$rootfs"/etc/hostname
-    mkdir -p "$rootfs/etc/dpkg/dpkg.cfg.d" "$rootfs/etc/apt/apt.conf.d"
-    cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
-path-exclude /usr/share/doc/*
-path-include /usr/share/doc/*/copyright
-path-exclude /usr/share/man/*
-path-exclude /usr/share/info/*
-path-exclude /usr/share/locale/*
-EOF
-    cat >"$rootfs/etc/apt/apt.conf.d/docker-clean" <<'EOF'
-DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin || true"; };
-Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";
-APT::Install-Recommends "false";
-EOF
-    printf 'deb %s bookworm main\ndeb %s bookworm-updates main\n' "$mirror" "$mirror" \
-        >"$rootfs/etc/apt/sources.list"
-    tar --numeric-owner -C "$rootfs" -c . | docker import \
-        --change "LABEL mxbridge.cache-key=$BASE_KEY" \
-        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change 'CMD ["bash"]' - "$BASE_TAG" >/dev/null
-    rm -rf "$rootfs"
-}
-
-key="$(image_key "$BASE_TAG")"
-if [ "$key" = "$BASE_KEY" ]; then
-    say "$BASE_TAG: cached ($BASE_KEY)"
-elif image_exists "$BASE_TAG" && [ -z "$key" ]; then
-    say "$BASE_TAG: using the existing (not locally made) image"
-else
-    say "$BASE_TAG: building from Debian packages"
-    build_base
-fi
+ensure_base_image
 phase "base image $BASE_TAG"
 
 # ------------------------------------------------------------------------------------------------
 # 2. Synapse image FROM that base: Debian's python3 + a venv with matrix-synapse from PyPI.
-# Built with `docker run` + `docker commit` so the host's CA bundle and pip cache can be mounted
-# for the install (this machine's egress re-signs TLS) without ending up in the image.
-base_id="$(docker image inspect -f '{{.Id}}' "$BASE_TAG")"
-SYNAPSE_KEY="${SYNAPSE_KEY_VERSION}-${base_id#sha256:}"
-SYNAPSE_KEY="${SYNAPSE_KEY:0:80}"
-if [ "$(image_key "$SYNAPSE_TAG")" = "$SYNAPSE_KEY" ]; then
-    say "$SYNAPSE_TAG: cached"
-else
-    say "$SYNAPSE_TAG: building (pip install matrix-synapse==$SYNAPSE_VERSION)"
-    ca="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
-    pip_cache="$CACHE/pip-cache" # our own; mounted outside /root so nothing below deletes it
-    mkdir -p "$pip_cache"
-    builder="$PROJECT-synapse-build"
-    docker rm -f "$builder" >/dev/null 2>&1 || true
-    mounts=(-v "$pip_cache:/run/pip-cache")
-    [ -f "$ca" ] && mounts+=(-v "$ca:/run/host-ca.crt:ro")
-    docker run --name "$builder" "${mounts[@]}" "$BASE_TAG" sh -euc "
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates >/dev/null
-        python3 -m venv /opt/synapse
-        if [ -f /run/host-ca.crt ]; then export PIP_CERT=/run/host-ca.crt; fi
-        /opt/synapse/bin/pip install -q --disable-pip-version-check --cache-dir /run/pip-cache 'matrix-synapse==$SYNAPSE_VERSION'
-        /opt/synapse/bin/python -c 'import synapse; print(\"synapse\", synapse.__version__)'
-        groupadd --system --gid 991 synapse
-        useradd --system --uid 991 --gid 991 --home-dir /data --no-create-home synapse
-        install -d -o 991 -g 991 /data
-        apt-get clean; rm -rf /var/lib/apt/lists/* /tmp/*
-        find /opt/synapse -name __pycache__ -prune -exec rm -rf {} +
-    " >"$CACHE/synapse-build.log" 2>&1 \
-        || { tail -30 "$CACHE/synapse-build.log"; docker rm -f "$builder" >/dev/null; die "synapse image build failed"; }
-    docker commit \
-        --change "LABEL mxbridge.cache-key=$SYNAPSE_KEY" \
-        --change 'ENV PATH=/opt/synapse/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change 'WORKDIR /data' \
-        --change 'EXPOSE 8008' \
-        --change 'ENTRYPOINT []' \
-        --change 'CMD ["python3", "-m", "synapse.app.homeserver", "--config-path", "/data/homeserver.yaml"]' \
-        "$builder" "$SYNAPSE_TAG" >/dev/null
-    docker rm -f "$builder" >/dev/null
-fi
+ensure_synapse_image
 phase "synapse image"
 
 # ------------------------------------------------------------------------------------------------
@@ -263,43 +130,8 @@ else
     BIN_DIR="$CARGO_TARGET_DIR/debug"
 fi
 if [ "$IMAGES" = dockerfile ]; then
-    if docker buildx version >/dev/null 2>&1; then
-        bk_build() { docker buildx build --load "$@"; }
-    elif [ -x /usr/bin/docker ] && [ "$(/usr/bin/docker version -f '{{.Client.Version}}' | cut -d. -f1)" -lt 23 ]; then
-        bk_build() { DOCKER_BUILDKIT=1 /usr/bin/docker build "$@"; }
-    else
-        die "no BuildKit-capable docker client (install docker-buildx), or run with MXBRIDGE_E2E_IMAGES=prebuilt"
-    fi
-    sysroot="$(rustc --print sysroot)"
-    ca="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"
-    RUST_KEY="mxbridge-rust-v1-$(rustc -V | tr -c 'a-zA-Z0-9.\n' '-')-$(sha256sum "$ca" | cut -c1-12)-${base_id#sha256:}"
-    RUST_KEY="${RUST_KEY:0:120}"
-    if [ "$(image_key "$RUST_TAG")" = "$RUST_KEY" ]; then
-        say "$RUST_TAG: cached"
-    else
-        say "$RUST_TAG: building (Debian's gcc/cmake + this machine's $(rustc -V | cut -d' ' -f1-2))"
-        builder="$PROJECT-rust-build"
-        docker rm -f "$builder" >/dev/null 2>&1 || true
-        docker run --name "$builder" -v "$sysroot:/run/toolchain:ro" -v "$ca:/run/host-ca.crt:ro" "$BASE_TAG" sh -euc '
-            export DEBIAN_FRONTEND=noninteractive
-            apt-get update -qq
-            apt-get install -y -qq --no-install-recommends ca-certificates gcc g++ libc6-dev make cmake \
-                pkg-config perl binutils >/dev/null
-            cat /run/host-ca.crt > /etc/ssl/certs/ca-certificates.crt
-            mkdir -p /usr/local/rust /usr/local/cargo
-            cp -a /run/toolchain/bin /run/toolchain/lib /usr/local/rust/
-            /usr/local/rust/bin/cargo --version
-            apt-get clean; rm -rf /var/lib/apt/lists/* /tmp/*
-        ' >"$CACHE/rust-build.log" 2>&1 \
-            || { tail -30 "$CACHE/rust-build.log"; docker rm -f "$builder" >/dev/null; die "builder image failed"; }
-        docker commit \
-            --change "LABEL mxbridge.cache-key=$RUST_KEY" \
-            --change 'ENV CARGO_HOME=/usr/local/cargo' \
-            --change 'ENV PATH=/usr/local/cargo/bin:/usr/local/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-            --change 'ENV CARGO_HTTP_CAINFO=/etc/ssl/certs/ca-certificates.crt' \
-            "$builder" "$RUST_TAG" >/dev/null
-        docker rm -f "$builder" >/dev/null
-    fi
+    find_buildkit || die "no BuildKit-capable docker client (install docker-buildx), or run with MXBRIDGE_E2E_IMAGES=prebuilt"
+    ensure_rust_image
     phase "builder image $RUST_TAG"
     old_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG" 2>/dev/null || true)"
     for t in agent surface; do
@@ -310,21 +142,12 @@ if [ "$IMAGES" = dockerfile ]; then
             >"$CACHE/dockerfile-$t.log" 2>&1 \
             || { tail -40 "$CACHE/dockerfile-$t.log"; die "building ./Dockerfile --target $t failed"; }
     done
-    new_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG")"
-    for id in $old_ids; do
-        grep -q "$id" <<<"$new_ids" || docker rmi "$id" >/dev/null 2>&1 || true
-    done
+    remove_replaced_images "$old_ids" "$AGENT_TAG" "$SURFACE_TAG"
     say "images from ./Dockerfile: agent $(docker image inspect -f '{{.Size}}' "$AGENT_TAG" | numfmt --to=iec), surface $(docker image inspect -f '{{.Size}}' "$SURFACE_TAG" | numfmt --to=iec)"
     phase "images from ./Dockerfile"
 else
-    for b in agent surface; do
-        [ -x "$BIN_DIR/$b" ] || die "no binary $BIN_DIR/$b"
-        # Debug info is most of a debug binary; the image does not need it.
-        objcopy --strip-debug "$BIN_DIR/$b" "$CTX/bin/$b.tmp" 2>/dev/null || cp "$BIN_DIR/$b" "$CTX/bin/$b.tmp"
-        if cmp -s "$CTX/bin/$b.tmp" "$CTX/bin/$b"; then rm -f "$CTX/bin/$b.tmp"; else mv "$CTX/bin/$b.tmp" "$CTX/bin/$b"; fi
-    done
-    cp "$REPO/docker/prebuilt.Dockerfile" "$REPO/docker/runtime-setup.sh" "$REPO/docker/entrypoint.sh" \
-        "$REPO/docker/healthcheck.sh" "$CTX/"
+    # Debug info is most of a debug binary; the image does not need it.
+    stage_prebuilt "$BIN_DIR" "$CTX"
     phase "stage binaries"
 fi
 
@@ -392,10 +215,7 @@ if [ "$IMAGES" = prebuilt ]; then
     dc build agent surface >"$CACHE/compose-build.log" 2>&1 \
         || { tail -30 "$CACHE/compose-build.log"; die "building the runtime images failed"; }
     # Drop the previous run's images when the binaries changed (repeat runs must not fill the disk).
-    new_ids="$(docker image inspect -f '{{.Id}}' "$AGENT_TAG" "$SURFACE_TAG")"
-    for id in $old_ids; do
-        grep -q "$id" <<<"$new_ids" || docker rmi "$id" >/dev/null 2>&1 || true
-    done
+    remove_replaced_images "$old_ids" "$AGENT_TAG" "$SURFACE_TAG"
     phase "runtime images (prebuilt)"
 fi
 
@@ -425,21 +245,7 @@ phase "cross-container permission check"
 
 # ------------------------------------------------------------------------------------------------
 # 4. Up, and wait until every long-running service is healthy.
-wait_healthy() { # wait_healthy SECONDS SERVICE...
-    local limit=$1 s cid st deadline
-    shift
-    deadline=$(($(date +%s) + limit))
-    for s in "$@"; do
-        while :; do
-            cid="$(cid_of "$s")"
-            st="$([ -n "$cid" ] && docker inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$cid" 2>/dev/null || echo missing)"
-            [ "$st" = healthy ] && break
-            case "$st" in exited | dead) die "service $s stopped while waiting for it to be healthy" ;; esac
-            [ "$(date +%s)" -lt "$deadline" ] || die "service $s not healthy after ${limit}s (state: $st)"
-            sleep 1
-        done
-    done
-}
+# (wait_healthy: scripts/lib/docker-images.sh)
 say "compose up (project $PROJECT, synapse on 127.0.0.1:$SYNAPSE_PORT)"
 # `up -d` honours the depends_on conditions (healthy / completed) in Compose v2 and 1.29 alike;
 # 1.29 has no --wait, and v2's --wait trips over the one-shot services in some versions, so the

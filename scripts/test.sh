@@ -25,8 +25,15 @@ command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 # (Debian's; a stand-in earlier on the PATH does not count).
 /usr/bin/convert -version 2>/dev/null | grep -q 'Version: ImageMagick' || need_apt+=(imagemagick)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+# promtool for the alert rules' unit tests, from Debian's prometheus package, installed without
+# its recommends (node exporter, smartmontools, ipmitool...: 25 more packages the tests do not use).
+need_apt_bare=()
+[ -x /usr/bin/promtool ] || need_apt_bare+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ] || [ ${#need_apt_bare[@]} -gt 0 ]; then
+  apt-get update -qq
+  [ ${#need_apt[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  [ ${#need_apt_bare[@]} -eq 0 ] ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt_bare[@]}"
 fi
 scripts/synapse.sh install
 # The official MCP Python SDK: the agent's MCP tests run its servers (agent/tests/it/mcp_server.py).
@@ -39,6 +46,12 @@ export MXBRIDGE_MCP_PYTHON="$MCP_VENV/bin/python"
 # package with its model) transcribes it behind e2e/transcribe_server.py; sets
 # MXBRIDGE_SPEECH_PYTHON.
 eval "$(scripts/speech.sh install)"
+
+# docs/prometheus-alerts.yml: valid rules, and each alert fires (or stays quiet) on the recorded
+# series of docs/prometheus-alerts.test.yml. Needs no build, so it runs first.
+step "prometheus alert rules"
+/usr/bin/promtool check rules docs/prometheus-alerts.yml
+/usr/bin/promtool test rules docs/prometheus-alerts.test.yml
 
 # One feature resolution for every cargo command below: each selects the whole workspace
 # (`--exclude` or `-p` would unify dependency features differently and rebuild much of the tree).
