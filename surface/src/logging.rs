@@ -13,7 +13,7 @@ use tracing::field::{Field, Visit};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::filter::{FilterExt, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
@@ -146,6 +146,10 @@ impl<S: Subscriber> Filter<S> for Quiet {
 
     fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
         Interest::always()
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
     }
 
     fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {

@@ -25,7 +25,7 @@ use tracing::field::{Field, Visit};
 use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::filter::{FilterExt, LevelFilter};
 use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -90,6 +90,12 @@ impl<S: Subscriber> Filter<S> for Redact {
     // one by one in `event_enabled`.
     fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
         Interest::always()
+    }
+
+    // No limit of its own, so that `RUST_LOG`'s hint stands in the combination (`And` keeps
+    // the lower of two hints, and `None` would count as lowest).
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
     }
 
     fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
