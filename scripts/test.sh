@@ -25,15 +25,19 @@ command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
 # (Debian's; a stand-in earlier on the PATH does not count).
 /usr/bin/convert -version 2>/dev/null | grep -q 'Version: ImageMagick' || need_apt+=(imagemagick)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
-# promtool for the alert rules' unit tests, from Debian's prometheus package, installed without
-# its recommends (node exporter, smartmontools, ipmitool...: 25 more packages the tests do not use).
-need_apt_bare=()
-[ -x /usr/bin/promtool ] || need_apt_bare+=(prometheus)
-if [ ${#need_apt[@]} -gt 0 ] || [ ${#need_apt_bare[@]} -gt 0 ]; then
-  apt-get update -qq
-  [ ${#need_apt[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
-  [ ${#need_apt_bare[@]} -eq 0 ] ||
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt_bare[@]}"
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+# promtool for the alert rules' unit tests: only the binary, unpacked from Debian's prometheus
+# package into the cache (installing the package would also start a Prometheus server on a
+# developer's machine, and pull in 300 MB the tests do not use).
+PROMTOOL="$(command -v promtool || echo "$MXBRIDGE_CACHE/promtool/usr/bin/promtool")"
+if [ ! -x "$PROMTOOL" ]; then
+  fetch_promtool() (
+    cd "$(mktemp -d)" && apt-get download -qq prometheus 2>/dev/null &&
+      dpkg-deb -x prometheus_*.deb "$MXBRIDGE_CACHE/promtool" && rm -f prometheus_*.deb
+  )
+  fetch_promtool || { apt-get update -qq && fetch_promtool; }
 fi
 scripts/synapse.sh install
 # The official MCP Python SDK: the agent's MCP tests run its servers (agent/tests/it/mcp_server.py).
@@ -50,8 +54,8 @@ eval "$(scripts/speech.sh install)"
 # docs/prometheus-alerts.yml: valid rules, and each alert fires (or stays quiet) on the recorded
 # series of docs/prometheus-alerts.test.yml. Needs no build, so it runs first.
 step "prometheus alert rules"
-/usr/bin/promtool check rules docs/prometheus-alerts.yml
-/usr/bin/promtool test rules docs/prometheus-alerts.test.yml
+"$PROMTOOL" check rules docs/prometheus-alerts.yml
+"$PROMTOOL" test rules docs/prometheus-alerts.test.yml
 
 # One feature resolution for every cargo command below: each selects the whole workspace
 # (`--exclude` or `-p` would unify dependency features differently and rebuild much of the tree).
