@@ -36,7 +36,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 T0=$(date +%s)
-say() { echo "[docker-up] $*"; }
+say() { echo "[docker-up $(date +%H:%M:%S)] $*"; }
 die() { echo "docker-up: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -87,7 +87,7 @@ setting() {
 project_owner() {
     docker ps -a --filter "label=com.docker.compose.project=$1" \
         --format '{{.Label "com.docker.compose.project.working_dir"}}' 2>/dev/null \
-        | grep -v -x -F "$REPO" | grep -v '^$' | sed -n 1p
+        | grep -v -x -F "$REPO" | grep -v '^$' | sed -n 1p || true
 }
 rand_hex() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 
