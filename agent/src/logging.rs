@@ -33,9 +33,9 @@ pub fn init(json: bool) {
     subscriber(filter, json, ansi, std::io::stdout).init();
 }
 
-/// What [`init`] installs, writing to `writer`: one writing layer whose per-layer filter is
-/// `filter` and the credential rule together (a global dropping layer would lose later lines;
-/// see [`redact`]).
+/// What [`init`] installs, writing to `writer`: one writing layer filtered by `filter`, whose
+/// event format leaves out what the credential rule drops (a format, not a filter that says
+/// no: see [`redact`] for the lines that cost).
 pub fn subscriber<W>(
     filter: EnvFilter,
     json: bool,
@@ -45,19 +45,28 @@ pub fn subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
+    let rule = redact::Redact::new(OWN_CRATES);
+    let keep = move |e: &tracing::Event<'_>| rule.allows(e);
     let write = if json {
         tracing_subscriber::fmt::layer()
             .json()
+            .event_format(redact::Screened::new(
+                tracing_subscriber::fmt::format().json(),
+                keep,
+            ))
             .with_writer(writer)
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
+            .event_format(redact::Screened::new(
+                tracing_subscriber::fmt::format(),
+                keep,
+            ))
             .with_writer(writer)
             .boxed()
     };
-    tracing_subscriber::registry()
-        .with(write.with_filter(redact::Redact::new(OWN_CRATES).with(filter)))
+    tracing_subscriber::registry().with(write.with_filter(filter))
 }
 
 #[cfg(test)]

@@ -418,7 +418,6 @@ pub async fn watch(endpoint: AgentEndpoint, url: Url, chat: ChatId, shutdown: Ca
             Ok((mut conn, welcome)) => {
                 endpoint.health.set_agent(agent, AgentStatus::Ok);
                 info!(agent, agent_name = %welcome.agent, agent_version = %welcome.agent_version, "agent handshake ok: shared workspace confirmed");
-                last = Some(AgentStatus::Ok);
                 delays = watch_backoff();
                 let ended = hold(&mut conn, &shutdown).await;
                 conn.close().await;
@@ -430,9 +429,9 @@ pub async fn watch(endpoint: AgentEndpoint, url: Url, chat: ChatId, shutdown: Ca
             }
             Err(e) => {
                 let status = e.health();
-                let changed = last.as_ref().is_none_or(|l| {
-                    std::mem::discriminant(l) != std::mem::discriminant(&status)
-                });
+                let changed = last
+                    .as_ref()
+                    .is_none_or(|l| std::mem::discriminant(l) != std::mem::discriminant(&status));
                 if changed {
                     match &e {
                         HandshakeError::Workspace(_) | HandshakeError::Version { .. } => error!(

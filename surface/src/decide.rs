@@ -206,11 +206,8 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         }
         None => {}
     }
-    let addressed = f.direct_chat
-        || f.mentions_bot
-        || f.reply_to_bot
-        || in_thread(f)
-        || body_mentions_bot(f);
+    let addressed =
+        f.direct_chat || f.mentions_bot || f.reply_to_bot || in_thread(f) || body_mentions_bot(f);
     if addressed && let Some(every_message) = mode_command(f) {
         return Decision::SetMode { every_message };
     }

@@ -72,8 +72,12 @@ impl RawEvent {
     /// thread's latest event, whoever sent it.
     pub fn replied_to(&self) -> Option<&str> {
         let rel = self.content.get("m.relates_to")?;
-        let falling_back = rel.get("rel_type").and_then(serde_json::Value::as_str) == Some("m.thread")
-            && rel.get("is_falling_back").and_then(serde_json::Value::as_bool) == Some(true);
+        let falling_back = rel.get("rel_type").and_then(serde_json::Value::as_str)
+            == Some("m.thread")
+            && rel
+                .get("is_falling_back")
+                .and_then(serde_json::Value::as_bool)
+                == Some(true);
         if falling_back {
             return None;
         }
@@ -261,7 +265,11 @@ mod tests {
         }));
         assert_eq!(threaded.thread_root().as_deref(), Some("$root"));
         assert_eq!(threaded.in_reply_to(), Some("$prev"));
-        assert_eq!(threaded.replied_to(), Some("$prev"), "a real reply in a thread");
+        assert_eq!(
+            threaded.replied_to(),
+            Some("$prev"),
+            "a real reply in a thread"
+        );
         let fallback = raw(json!({
             "event_id": "$f", "sender": "@alice:hs", "origin_server_ts": 1, "type": "m.room.message",
             "content": {"msgtype": "m.text", "body": "hi",

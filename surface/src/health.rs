@@ -453,7 +453,10 @@ mod tests {
         h.set_agent(a, AgentStatus::Ok);
         assert_eq!(h.report().status, "ok");
         assert!(h.snapshot().agent_up);
-        h.set_agent(a, AgentStatus::WorkspaceMismatch("sentinel not found".into()));
+        h.set_agent(
+            a,
+            AgentStatus::WorkspaceMismatch("sentinel not found".into()),
+        );
         assert_eq!(h.report().status, "workspace_mismatch");
         assert!(!h.snapshot().workspace_ok);
         h.set_agent(a, AgentStatus::Unreachable("refused".into()));
@@ -475,7 +478,11 @@ mod tests {
         // A second agent: one usable is enough; one mismatched is reported.
         let b = "ws://b:8700/";
         h.set_agent(b, AgentStatus::Unreachable("down".into()));
-        assert_eq!(h.report().status, "ok", "chats fail over to the usable agent");
+        assert_eq!(
+            h.report().status,
+            "ok",
+            "chats fail over to the usable agent"
+        );
         assert!(h.snapshot().agent_up && h.snapshot().workspace_ok);
         h.set_agent(b, AgentStatus::ProtocolMismatch("v2".into()));
         assert_eq!(h.report().status, "protocol_mismatch");

@@ -806,7 +806,7 @@ mod tests {
             assert_eq!(j.next_pending(&chat).unwrap().unwrap().event.event_id, "$3");
             assert_eq!(j.ready_context(&chat).unwrap(), vec![("$1".to_owned(), cm)]);
             let before = j.backlog().unwrap();
-            assert_eq!(before.unhandled, 2, "the context message and the trigger");
+            assert_eq!(before.unhandled, 1, "the trigger (the context is ready)");
             let m = j.create_turn(&chat, msg("$3"), &["$1".into()]).unwrap();
             assert_eq!(m.seq, 1);
             assert!(j.next_pending(&chat).unwrap().is_none());

@@ -41,18 +41,16 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use matrix_sdk::Client;
-use protocol::ChatId;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 use url::Url;
 
-use crate::agent_link::{AgentEndpoint, HandshakeError};
+use crate::agent_link::AgentEndpoint;
 use crate::config::Config;
 use crate::context::{Ctx, Shared, WorkspaceSentinels};
-use crate::health::{AgentStatus, Health};
+use crate::health::Health;
 use crate::journal::Journal;
 use crate::media::UploadCache;
 use crate::workspace::Workspace;

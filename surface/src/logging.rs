@@ -10,13 +10,13 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::field::{Field, Visit};
-use tracing::subscriber::Interest;
-use tracing::{Event, Level, Metadata, Subscriber};
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::{FilterExt, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
-use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
+
+use self::redact::Screened;
 
 /// The filter when `RUST_LOG` is not set.
 pub const DEFAULT_FILTER: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
@@ -48,9 +48,9 @@ pub fn init(json: bool) {
     subscriber(filter, json, ansi, std::io::stdout, clock).init();
 }
 
-/// What [`init`] installs, writing to `writer`. Every rule of what is written (`filter`, the
-/// credential rule, the quiet 404s) is one per-layer filter on the writing layer: a global
-/// layer that drops events next to a per-layer filter loses later lines (see [`redact`]).
+/// What [`init`] installs, writing to `writer`: one writing layer filtered by `filter`, whose
+/// event format leaves out what the credential rule and [`is_noise`] drop (as a format, not a
+/// filter that says no: see [`redact`] for the lines that cost).
 pub fn subscriber<W>(
     filter: EnvFilter,
     json: bool,
@@ -61,14 +61,21 @@ pub fn subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
+    let redact = redaction();
+    let keep = move |e: &Event<'_>| redact.allows(e) && Quiet::allows(e);
     let write = if json {
         tracing_subscriber::fmt::layer()
             .json()
+            .event_format(Screened::new(
+                tracing_subscriber::fmt::format().json(),
+                keep,
+            ))
             .with_writer(writer)
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
+            .event_format(Screened::new(tracing_subscriber::fmt::format(), keep))
             .with_writer(writer)
             .boxed()
     };
@@ -78,11 +85,11 @@ where
         ))
     });
     tracing_subscriber::registry()
-        .with(write.with_filter(redaction().with(filter).and(Quiet)))
+        .with(write.with_filter(filter))
         .with(clock)
 }
 
-/// Drops the library lines that are noise for an operator ([`is_noise`]).
+/// The library lines that are noise for an operator ([`is_noise`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Quiet;
 
@@ -139,24 +146,6 @@ pub fn is_noise(level: Level, target: &str, message: &str, new_device: bool) -> 
     }
 }
 
-impl<S: Subscriber> Filter<S> for Quiet {
-    fn enabled(&self, _meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
-        true
-    }
-
-    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
-        Interest::always()
-    }
-
-    fn max_level_hint(&self) -> Option<LevelFilter> {
-        Some(LevelFilter::TRACE)
-    }
-
-    fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
-        Self::allows(event)
-    }
-}
-
 struct Message(String);
 
 impl Visit for Message {
@@ -196,7 +185,11 @@ mod tests {
         tracing::subscriber::with_default(subscriber, script);
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         text.lines()
-            .map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest.trim_start()).to_owned())
+            .map(|l| {
+                l.split_once(' ')
+                    .map_or(l, |(_, rest)| rest.trim_start())
+                    .to_owned()
+            })
             .collect()
     }
 
@@ -214,7 +207,7 @@ mod tests {
             tracing::warn!(target: "matrix_sdk::client", "retrying with access_token={secret}");
             tracing::info!(target: "surface::agent_link", seq = 3, "answer received");
             // An SDK 404: dropped by its own rule.
-            tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: Api(Server(ClientApi(Error { status_code: 404, body: Standard { kind: NotFound } })))");
+            tracing::error!(target: "matrix_sdk::http_client", "Error while sending request: Api(Server(ClientApi(Error {{ status_code: 404, body: Standard {{ kind: NotFound }} }})))");
             tracing::info!(target: "surface::ingest", "edit applied to a waiting message");
             tracing::debug!(target: "matrix_sdk_crypto::machine", "access_token refreshed");
             tracing::info!(target: "surface::ingest", "redaction removed an inbox file");
@@ -248,15 +241,51 @@ mod tests {
         let http = "matrix_sdk::http_client";
         let deleted = "Our own device might have been deleted";
         let cases: &[(Level, &str, &str, bool, bool)] = &[
-            (L::ERROR, http, "Error: Api(... status_code: 404 ...)", false, true),
-            (L::ERROR, http, "Error: Api(... status_code: 500 ...)", false, false),
+            (
+                L::ERROR,
+                http,
+                "Error: Api(... status_code: 404 ...)",
+                false,
+                true,
+            ),
+            (
+                L::ERROR,
+                http,
+                "Error: Api(... status_code: 500 ...)",
+                false,
+                false,
+            ),
             (L::WARN, http, "slow: status_code: 404", false, false),
-            (L::ERROR, "surface::send", "refused: status_code: 404", false, false),
-            (L::WARN, crypto, "Failed to decrypt a room event: Missing room key", false, true),
-            (L::ERROR, crypto, "Failed to decrypt a room event: broken", false, false),
+            (
+                L::ERROR,
+                "surface::send",
+                "refused: status_code: 404",
+                false,
+                false,
+            ),
+            (
+                L::WARN,
+                crypto,
+                "Failed to decrypt a room event: Missing room key",
+                false,
+                true,
+            ),
+            (
+                L::ERROR,
+                crypto,
+                "Failed to decrypt a room event: broken",
+                false,
+                false,
+            ),
             (L::WARN, identities, deleted, true, true),
             (L::WARN, identities, deleted, false, false),
-            (L::WARN, crypto, "Received a room key with an unsupported algorithm", true, false),
+            (
+                L::WARN,
+                crypto,
+                "Received a room key with an unsupported algorithm",
+                true,
+                false,
+            ),
         ];
         for &(level, target, message, new_device, noise) in cases {
             assert_eq!(

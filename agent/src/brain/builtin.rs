@@ -583,7 +583,10 @@ mod tests {
             "{with_paths}"
         );
         assert!(!with_paths.contains("files paths"), "{with_paths}");
-        assert_eq!(files_for_people("No files yet.", t0, false), "No files yet.");
+        assert_eq!(
+            files_for_people("No files yet.", t0, false),
+            "No files yet."
+        );
         // An older agent's listing (no times) still reads.
         assert_eq!(
             files_for_people("chats/c/a.txt (2048 bytes)", t0, false),

@@ -30,8 +30,7 @@ pub struct ListFilesArgs {
 impl Tool for ListFiles {
     const NAME: &'static str = "list_files";
     const READ_ONLY: bool = true;
-    const DESCRIPTION: &'static str =
-        "List the files this chat can see (its own folder and its room's inbox/outbox) with sizes \
+    const DESCRIPTION: &'static str = "List the files this chat can see (its own folder and its room's inbox/outbox) with sizes \
          and modification times.";
     type Args = ListFilesArgs;
 

@@ -20,7 +20,7 @@ use tracing::{debug, error, info, instrument, warn};
 use super::Lane;
 use super::live::{self, Live, LiveStep};
 use super::progress::{self, Progress, RoomSignals};
-use super::turn::{Input, Outcome, Step, TurnState, Wait};
+use super::turn::{Input, Outcome, Step, TurnState, WaitsFor};
 use crate::agent_link::LinkEvent;
 use crate::media;
 use crate::prompts;
@@ -119,17 +119,17 @@ impl Lane {
         let outcome = 'turn: loop {
             let now = tokio::time::Instant::now();
             let deadline = match state.wait() {
-                Wait::News => {
+                WaitsFor::News => {
                     waiting_since = None;
                     Some(recovering.unwrap_or(now + TURN_IDLE_TIMEOUT))
                 }
-                Wait::Agent => self
+                WaitsFor::Agent => self
                     .ctx
                     .config
                     .agent_down_notice
                     .map(|grace| *waiting_since.get_or_insert(now) + grace),
                 // The message is in the journal: it waits for the agent as long as it takes.
-                Wait::AgentTold => None,
+                WaitsFor::AgentTold => None,
             };
             let input = tokio::select! {
                 _ = self.ctx.shutdown.cancelled() => Input::Stop,

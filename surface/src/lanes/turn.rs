@@ -93,12 +93,12 @@ pub const LOST_NOTICE: &str = "⚠️ I lost the connection to the agent while i
 
 /// What the turn waits for now, and so which deadline applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
+pub enum WaitsFor {
     /// The agent has the turn and the link is up: news within the idle (or recovery) time.
     News,
     /// The agent does not have the turn or the link is down: tell the room after the grace.
     Agent,
-    /// As [`Wait::Agent`], and the room was told in this outage: wait without a deadline (the
+    /// As [`WaitsFor::Agent`], and the room was told in this outage: wait without a deadline (the
     /// message is in the journal; it is answered when the agent is back).
     AgentTold,
 }
@@ -140,11 +140,11 @@ impl TurnState {
     }
 
     /// What the turn waits for now.
-    pub fn wait(&self) -> Wait {
+    pub fn wait(&self) -> WaitsFor {
         match (self.accepted && !self.link_down, self.told) {
-            (true, _) => Wait::News,
-            (false, false) => Wait::Agent,
-            (false, true) => Wait::AgentTold,
+            (true, _) => WaitsFor::News,
+            (false, false) => WaitsFor::Agent,
+            (false, true) => WaitsFor::AgentTold,
         }
     }
 
@@ -159,7 +159,7 @@ impl TurnState {
         let mut steps = Vec::new();
         match input {
             Input::Stop => steps.push(Step::Finish(Outcome::Interrupted)),
-            Input::Quiet if self.wait() != Wait::News => {
+            Input::Quiet if self.wait() != WaitsFor::News => {
                 if !self.told {
                     self.told = true;
                     steps.push(Step::Notice {
@@ -368,22 +368,34 @@ mod tests {
     #[test]
     fn what_the_turn_waits_for() {
         let mut s = TurnState::new("$t", 3, false, false);
-        assert_eq!(s.wait(), Wait::Agent, "a new turn waits for the agent to take it");
+        assert_eq!(
+            s.wait(),
+            WaitsFor::Agent,
+            "a new turn waits for the agent to take it"
+        );
         s.on(ack(2, false));
-        assert_eq!(s.wait(), Wait::Agent, "another turn's ack is not this one's");
+        assert_eq!(
+            s.wait(),
+            WaitsFor::Agent,
+            "another turn's ack is not this one's"
+        );
         s.on(Input::Quiet);
-        assert_eq!(s.wait(), Wait::AgentTold, "told: no deadline any more");
+        assert_eq!(s.wait(), WaitsFor::AgentTold, "told: no deadline any more");
         assert!(s.told());
         s.on(ack(3, false));
-        assert_eq!(s.wait(), Wait::News);
+        assert_eq!(s.wait(), WaitsFor::News);
         assert!(!s.told(), "the agent took the turn: the outage is over");
         s.on(Input::Disconnected);
-        assert_eq!(s.wait(), Wait::Agent, "a dropped link is a new outage");
+        assert_eq!(s.wait(), WaitsFor::Agent, "a dropped link is a new outage");
         s.on(Input::Connected { last_seq: 3 });
-        assert_eq!(s.wait(), Wait::News);
+        assert_eq!(s.wait(), WaitsFor::News);
 
         let told = TurnState::new("$u", 4, false, true);
-        assert_eq!(told.wait(), Wait::AgentTold, "told in an earlier turn of this outage");
+        assert_eq!(
+            told.wait(),
+            WaitsFor::AgentTold,
+            "told in an earlier turn of this outage"
+        );
         let mut told = told;
         assert_eq!(told.on(Input::Quiet), vec![], "and not told again");
         assert!(told.told(), "the next turn is not told either");

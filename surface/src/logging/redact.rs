@@ -8,11 +8,12 @@
 //! names or values mention a credential is dropped. Because this is a decision on the event and
 //! not a level, no `RUST_LOG` brings those events back.
 //!
-//! It is a *per-layer* filter, combined with `RUST_LOG`'s on the writing layer
-//! ([`Redact::with`]), never a global layer: a global `event_enabled` that says no next to a
-//! per-layer filter that also said no leaves the per-layer bookkeeping of that thread set, and
-//! the next event written there is skipped (tokio-rs/tracing#2519's class of bug: our own
-//! lines vanished after a dropped library event). Our own crates are exempt: they hold secrets
+//! It is applied where the line is written ([`Screened`], the writing layer's event format),
+//! not as an `event_enabled` filter: in tracing-subscriber 0.3, an `event_enabled` that says no
+//! (a global layer's, or a per-layer filter's) leaves that thread's per-layer filter state
+//! set when no layer takes the event, and the next event from a callsite that is always
+//! enabled is skipped (tokio-rs/tracing#2519's class of bug: our own lines vanished after a
+//! dropped library event). Our own crates are exempt: they hold secrets
 //! in `protocol::Secret`, whose `Debug` is `[redacted]`, and a config dump that merely names an
 //! `access_token` field must not vanish.
 //!
@@ -22,11 +23,9 @@
 use std::fmt::Write as _;
 
 use tracing::field::{Field, Visit};
-use tracing::subscriber::Interest;
-use tracing::{Event, Metadata, Subscriber};
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::{FilterExt, LevelFilter};
-use tracing_subscriber::layer::{Context, Filter};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// Lower-case fragments that mark a credential in a field name or value.
@@ -71,35 +70,41 @@ impl Redact {
         event.record(&mut scan);
         !scan.found
     }
+}
 
-    /// The filter of a writing layer: `env` (`RUST_LOG`) and this rule.
-    pub fn with<S>(self, env: EnvFilter) -> impl Filter<S> + Send + Sync + 'static
-    where
-        S: Subscriber + for<'a> LookupSpan<'a>,
-    {
-        env.and(self)
+/// An event format that writes only the events `keep` lets through, formatted by `inner`; the
+/// others leave no line (see the module documentation for why not a filter).
+#[derive(Debug, Clone)]
+pub struct Screened<F, K> {
+    inner: F,
+    keep: K,
+}
+
+impl<F, K> Screened<F, K> {
+    /// `inner`, screened by `keep`.
+    pub const fn new(inner: F, keep: K) -> Self {
+        Self { inner, keep }
     }
 }
 
-impl<S: Subscriber> Filter<S> for Redact {
-    fn enabled(&self, _meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
-        true
-    }
-
-    // Never decides by callsite: the other filter's interest stands, and events are judged
-    // one by one in `event_enabled`.
-    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
-        Interest::always()
-    }
-
-    // No limit of its own, so that `RUST_LOG`'s hint stands in the combination (`And` keeps
-    // the lower of two hints, and `None` would count as lowest).
-    fn max_level_hint(&self) -> Option<LevelFilter> {
-        Some(LevelFilter::TRACE)
-    }
-
-    fn event_enabled(&self, event: &Event<'_>, _cx: &Context<'_, S>) -> bool {
-        self.allows(event)
+impl<S, N, F, K> FormatEvent<S, N> for Screened<F, K>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+    K: Fn(&Event<'_>) -> bool,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        if (self.keep)(event) {
+            self.inner.format_event(ctx, writer, event)
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -155,12 +160,17 @@ mod tests {
     fn library_credentials_never_reach_the_output_even_at_trace() {
         let out = Capture::default();
         let writer = out.clone();
+        let redact = Redact::new(&["own_crate"]);
         let subscriber = tracing_subscriber::registry().with(
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
+                .event_format(Screened::new(
+                    tracing_subscriber::fmt::format(),
+                    move |e: &Event<'_>| redact.allows(e),
+                ))
                 .with_writer(move || writer.clone())
                 // What an operator might set: everything.
-                .with_filter(Redact::new(&["own_crate"]).with(EnvFilter::new("trace"))),
+                .with_filter(tracing_subscriber::EnvFilter::new("trace")),
         );
         tracing::subscriber::with_default(subscriber, || {
             let request =
