@@ -96,10 +96,7 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
     assert_eq!(healthz(&stack, "/livez").await.0, 200, "alive all the same");
 
     let a = user.send_text(&room, "are you there?").await.unwrap();
-    assert_eq!(
-        user.wire_type(&room, &a).await.unwrap(),
-        "m.room.encrypted"
-    );
+    assert_eq!(user.wire_type(&room, &a).await.unwrap(), "m.room.encrypted");
     user.wait_for(TURN, "the unreachable notice", || async {
         (!notices(&user, &room, &bot).await.is_empty()).then_some(())
     })
@@ -115,7 +112,11 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
     );
     e2e::eventually(TURN, "the backlog counts the waiting message", || async {
         let waiting = gauge(&stack, "mxbridge_surface_journal_backlog").await;
-        let age = gauge(&stack, "mxbridge_surface_journal_oldest_unhandled_age_seconds").await;
+        let age = gauge(
+            &stack,
+            "mxbridge_surface_journal_oldest_unhandled_age_seconds",
+        )
+        .await;
         (waiting >= 1.0 && age > 0.0).then_some(())
     })
     .await;
@@ -123,7 +124,11 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
     // A second message in the same outage: no second notice, well past the grace.
     let b = user.send_text(&room, "still there?").await.unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(notices(&user, &room, &bot).await.len(), 1, "no second notice");
+    assert_eq!(
+        notices(&user, &room, &bot).await.len(),
+        1,
+        "no second notice"
+    );
     assert_eq!(gauge(&stack, "mxbridge_surface_journal_backlog").await, 2.0);
 
     // The agent is back: both are answered as usual, and the notice stays the only one.
@@ -136,8 +141,13 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
 
     // A new outage: the agent comes back refusing the surface's token.
     stack.agent.stop().await;
-    stack.agent.set_env("AGENT_TOKEN", Some("not-the-surface-token"));
-    stack.agent.start().expect("start the agent with another token");
+    stack
+        .agent
+        .set_env("AGENT_TOKEN", Some("not-the-surface-token"));
+    stack
+        .agent
+        .start()
+        .expect("start the agent with another token");
     wait_agent_up(&stack, false).await;
     let c = user.send_text(&room, "and now?").await.unwrap();
     user.wait_for(TURN, "a notice for the new outage", || async {
@@ -149,13 +159,19 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
         panic!("{e}")
     });
     assert!(
-        stack.surface.log().contains("the agent refused AGENT_TOKEN"),
+        stack
+            .surface
+            .log()
+            .contains("the agent refused AGENT_TOKEN"),
         "the log says why"
     );
     let token = stack.agent_token.clone();
     stack.agent.stop().await;
     stack.agent.set_env("AGENT_TOKEN", Some(&token));
-    stack.agent.start().expect("start the agent with the right token");
+    stack
+        .agent
+        .start()
+        .expect("start the agent with the right token");
     answered(&user, &room, &bot, &c, &stack).await;
     assert_eq!(
         notices(&user, &room, &bot).await,
