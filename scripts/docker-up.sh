@@ -95,7 +95,7 @@ if [ ! -f .env ]; then
     [ -f .env.example ] || die "no .env and no .env.example in $REPO"
     name=mxbridge
     if [ -n "$(project_owner "$name")" ]; then
-        name="mxbridge-$(basename "$REPO" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9_-\n' '-')-$(printf '%s' "$REPO" | sha256sum | cut -c1-6)"
+        name="mxbridge-$(basename "$REPO" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9_\n-' '-')-$(printf '%s' "$REPO" | sha256sum | cut -c1-6)"
     fi
     (
         umask 077
