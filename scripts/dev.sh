@@ -109,12 +109,15 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # start NAME VAR=VALUE...: runs $BIN/NAME with the assignments; its output goes to the terminal
-# and to .state/logs/NAME.log.
+# and to .state/logs/NAME.log, without the surface's recovery key banner (a secret never written
+# to a log: it is shown here once).
+KEY_BANNER='/RECOVERY KEY (shown once)/,/^=====/c\
+  [the recovery key banner was shown on the terminal only]'
 start() {
-  local name=$1
+  local name=$1 log="$STATE/logs/$1.log"
   shift
-  echo "==== $(date -u '+%F %T') start" >> "$STATE/logs/$name.log"
-  env "$@" "$BIN/$name" > >(tee -a "$STATE/logs/$name.log") 2>&1 &
+  echo "==== $(date -u '+%F %T') start" >> "$log"
+  env "$@" "$BIN/$name" > >(tee >(sed -u "$KEY_BANNER" >> "$log")) 2>&1 &
   names+=("$name")
   pids+=($!)
 }
