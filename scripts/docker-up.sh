@@ -14,7 +14,7 @@
 #     - agent and surface: with buildx, from ./Dockerfile; without it, `cargo build --release`
 #       on this machine (Debian bookworm or older glibc) packed by docker/prebuilt.Dockerfile
 #       with Docker's classic builder (no BuildKit needed).
-#   The first run compiles the bridge (about 25 min on 2 cores, see README.md); later runs
+#   The first run compiles the bridge (about 18 min on 2 cores, see README.md); later runs
 #   rebuild only what changed.
 # * Creates .env from .env.example when there is none, with random secrets and passwords and its
 #   own COMPOSE_PROJECT_NAME.
@@ -148,7 +148,7 @@ if [ ${#why[@]} = 0 ]; then
     FILES=(-f compose.yaml)
     MODE="compose v2 with BuildKit"
     dc() { "${COMPOSE[@]}" -p "$PROJECT" "${FILES[@]}" "$@"; }
-    say "docker compose up -d --build (the first build compiles the bridge: about 25 min on 2 cores)"
+    say "docker compose up -d --build (the first build compiles the bridge in release mode: some 20 min on 2 cores)"
     dc "${profiles[@]}" up -d --build || die "docker compose up failed"
 else
     # ---- The local path ---------------------------------------------------------------------
@@ -206,7 +206,7 @@ else
             die "this machine's glibc $glibc is newer than Debian bookworm's 2.36, so binaries built here would not run in the images: install docker-buildx (then ./Dockerfile builds them)"
         fi
         MODE="host cargo ($CARGO_PROFILE) + docker/prebuilt.Dockerfile"
-        say "cargo build --locked --profile $CARGO_PROFILE -p agent -p surface (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+        say "cargo build --locked --profile $CARGO_PROFILE -p agent -p surface (CARGO_TARGET_DIR=$CARGO_TARGET_DIR; the first time about 17 min on 2 cores)"
         cargo build --locked --profile "$CARGO_PROFILE" -p agent -p surface || die "cargo build failed"
         out="$CARGO_TARGET_DIR/$([ "$CARGO_PROFILE" = dev ] && echo debug || echo "$CARGO_PROFILE")"
         stage_prebuilt "$out" "$MXBRIDGE_PREBUILT_CONTEXT"
