@@ -145,14 +145,28 @@ pub fn safe_markdown(text: &str) -> RoomMessageEventContent {
     }
 }
 
-/// The HTML of markdown `text` with raw HTML escaped; `None` when it has no formatting (pure).
+/// The HTML of markdown `text` with raw HTML escaped and links or images to other schemes than
+/// `http`, `https`, `mailto`, `matrix` and `mxc` shown as the text that was written; `None`
+/// when it has no formatting (pure).
 pub fn safe_markdown_html(text: &str) -> Option<String> {
     use matrix_sdk::ruma::events::room::message::FormattedBody;
-    use pulldown_cmark::{Event, Options, Parser};
+    use pulldown_cmark::{Event, Options, Parser, Tag};
     let options = Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH;
     let mut escaped = String::with_capacity(text.len());
     let mut copied = 0;
     for (event, range) in Parser::new_ext(text, options).into_offset_iter() {
+        let unsafe_link = match &event {
+            Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => {
+                !is_safe_link(dest_url)
+            }
+            _ => false,
+        };
+        if unsafe_link && range.start >= copied {
+            escaped.push_str(&text[copied..range.start]);
+            escaped.push_str(&escape_markdown(&text[range.clone()]));
+            copied = range.end;
+            continue;
+        }
         if matches!(event, Event::Html(_) | Event::InlineHtml(_)) && range.start >= copied {
             escaped.push_str(&text[copied..range.start]);
             let raw = &text[range.clone()];
@@ -166,6 +180,37 @@ pub fn safe_markdown_html(text: &str) -> Option<String> {
     }
     escaped.push_str(&text[copied..]);
     FormattedBody::markdown(&escaped).map(|f| f.body)
+}
+
+/// Whether a link's destination may become an `href`: a relative one, or one of the schemes
+/// clients open safely (pure). Whitespace and control characters, which browsers drop from a
+/// scheme, do not hide one.
+fn is_safe_link(dest: &str) -> bool {
+    let dest: String = dest
+        .chars()
+        .filter(|c| !c.is_whitespace() && !c.is_control())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let Some((scheme, _)) = dest.split_once(':') else {
+        return true;
+    };
+    if scheme.contains(['/', '?', '#']) {
+        // The colon comes after the path started: a relative link.
+        return true;
+    }
+    matches!(scheme, "http" | "https" | "mailto" | "matrix" | "mxc")
+}
+
+/// `s` with every ASCII punctuation character backslash-escaped: markdown shows it as written.
+fn escape_markdown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for c in s.chars() {
+        if c.is_ascii_punctuation() {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A Matrix user as a pill: a `matrix.to` link clients render as the user's name.
@@ -537,6 +582,43 @@ mod tests {
         }
         // Plain text stays plain; markdown still renders.
         assert_eq!(safe_markdown_html("just words"), None);
+        // Links keep only safe schemes; the others are shown as written.
+        let links = [
+            ("[x](javascript:alert(1))", None, "[x](javascript:alert(1))"),
+            ("[x](JavaScript:alert(1))", None, "JavaScript:"),
+            ("<javascript:alert(1)>", None, "javascript:alert(1)"),
+            ("[x](<java\tscript:alert(1)>)", None, "script:alert(1)"),
+            ("![i](data:image/png;base64,AAAA)", None, "data:image"),
+            ("[x][r]\n\n[r]: vbscript:msgbox", None, "[x][r]"),
+            ("[x](data:text/html,<b>)", None, "data:text/html"),
+            (
+                "[ok](https://example.org)",
+                Some("href=\"https://example.org\""),
+                "ok",
+            ),
+            (
+                "[m](mailto:a@example.org)",
+                Some("href=\"mailto:a@example.org\""),
+                "m",
+            ),
+            (
+                "[r](matrix:r/room:example.org)",
+                Some("href=\"matrix:r/room:example.org\""),
+                "r",
+            ),
+            ("[rel](docs/a:b)", Some("href=\"docs/a:b\""), "rel"),
+        ];
+        for (md, href, shown) in links {
+            let html = safe_markdown_html(md).unwrap_or_else(|| md.to_owned());
+            match href {
+                Some(h) => assert!(html.contains(h), "{md}: {html}"),
+                None => {
+                    assert!(!html.contains("href"), "{md}: {html}");
+                    assert!(!html.contains("src="), "{md}: {html}");
+                }
+            }
+            assert!(html.contains(shown), "{md}: {html}");
+        }
         assert_eq!(
             safe_markdown_html("`code` and *it*").as_deref(),
             Some("<code>code</code> and <em>it</em>")

@@ -97,9 +97,10 @@ async fn note_writes_and_sends_a_file() {
     // `send` with a bare name finds it again; `files` lists it.
     let t = c.turn(message(2, "$m2", "send a.txt")).await;
     assert_eq!(t.sent_files(), [expected.as_str()]);
-    let t = c.turn(message(3, "$m3", "files")).await;
+    let t = c.turn(message(3, "$m3", "files paths")).await;
     assert!(
-        t.text().contains(&format!("{expected} (5 bytes)")),
+        t.text()
+            .contains(&format!("- `a.txt` — 5 B, just now — `{expected}`")),
         "{}",
         t.text()
     );
@@ -193,7 +194,7 @@ async fn a_download_in_progress_is_out_of_reach() {
     assert!(sent.sent_files().is_empty(), "{sent:?}");
     assert!(sent.text().contains(&not_found), "{}", sent.text());
 
-    let listed = c.turn(message(3, "$m3", "files")).await;
+    let listed = c.turn(message(3, "$m3", "files paths")).await;
     assert!(listed.text().contains(done.as_str()), "{}", listed.text());
     assert!(!listed.text().contains(".partial-"), "{}", listed.text());
 }
