@@ -227,6 +227,20 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
         "{sent}"
     );
     assert_eq!(sent["escape_refused"], true, "{sent}");
+    assert_eq!(sent["foreign_thread_refused"], true, "{sent}");
+    assert!(
+        sent["foreign_thread_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("is not an event of room")),
+        "{sent}"
+    );
+    let health: Value = reqwest::get(format!("{}/healthz", stack.surface_health))
+        .await
+        .expect("healthz")
+        .json()
+        .await
+        .expect("healthz json");
+    assert_eq!(health["parked_sends"], 0, "nothing was parked: {health}");
     assert_eq!(sent["marker"]["ok"], true, "{sent}");
     let file = user
         .wait_for(TURN, "the orchestrator's file", || async {

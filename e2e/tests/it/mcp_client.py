@@ -134,6 +134,15 @@ async def send(url, room, text, key, path, event):
             escape = await s.call_tool(
                 "matrix.send_file", {"room_id": room, "path": "../../etc/passwd"}
             )
+            # A thread root that is no event of this room is refused before anything is posted.
+            foreign = await s.call_tool(
+                "matrix.send",
+                {
+                    "room_id": room,
+                    "text": "aimed elsewhere",
+                    "thread_root": "$notAnEventOfThisRoom0000000000000000000000",
+                },
+            )
             marker = structured(
                 await s.call_tool(
                     "matrix.set_read_marker", {"room_id": room, "event_id": event}
@@ -146,6 +155,8 @@ async def send(url, room, text, key, path, event):
                 "again": again,
                 "file": file,
                 "escape_refused": escape.isError,
+                "foreign_thread_refused": foreign.isError,
+                "foreign_thread_error": foreign.content[0].text if foreign.content else "",
                 "marker": marker,
             }
         ),

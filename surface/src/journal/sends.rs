@@ -105,6 +105,20 @@ impl Journal {
             .is_some())
     }
 
+    /// The room of `event_id`, when the journal knows the event (one it recorded, or one the
+    /// bot posted).
+    pub fn room_of_event(&self, event_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT room_id FROM events WHERE event_id = ?1 \
+                 UNION ALL SELECT room_id FROM sends WHERE event_id = ?1 LIMIT 1",
+                [event_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// Whether the bot has posted in the thread rooted at `root`.
     pub fn bot_in_thread(&self, root: &str) -> Result<bool> {
         Ok(self

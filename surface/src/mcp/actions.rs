@@ -56,16 +56,32 @@ pub async fn visible_rooms(ctx: &Ctx) -> Vec<Room> {
     out
 }
 
-fn thread(root: Option<&str>) -> Result<Option<ReplyTarget>, String> {
-    root.map(|r| {
-        EventId::parse(r)
-            .map(|id| ReplyTarget {
-                event_id: id.clone(),
-                thread_root: Some(id),
-            })
-            .map_err(|_| format!("thread_root {r} is not an event id"))
-    })
-    .transpose()
+/// The thread a client asks to post in: an event id of `room` itself (the journal knows, or
+/// the homeserver shows it in that room), so that no post can be aimed at another room's
+/// event, which the homeserver would refuse and the surface would park.
+async fn thread(
+    ctx: &Ctx,
+    room: &Room,
+    root: Option<&str>,
+) -> Result<Option<ReplyTarget>, String> {
+    let Some(r) = root else { return Ok(None) };
+    let id = EventId::parse(r).map_err(|_| format!("thread_root {r} is not an event id"))?;
+    let here = room.room_id().as_str();
+    let known = ctx.journal.room_of_event(r).map_err(|e| {
+        warn!(error = %e, "journal read failed");
+        "the surface could not check thread_root".to_owned()
+    })?;
+    let in_room = match known {
+        Some(room_id) => room_id == here,
+        None => room.load_or_fetch_event(&id, None).await.is_ok(),
+    };
+    if !in_room {
+        return Err(format!("thread_root {r} is not an event of room {here}"));
+    }
+    Ok(Some(ReplyTarget {
+        event_id: id.clone(),
+        thread_root: Some(id),
+    }))
 }
 
 async fn post(
@@ -110,7 +126,7 @@ pub async fn send_text(ctx: &Ctx, a: &feed::Send) -> Result<Value, String> {
             a.text.len()
         ));
     }
-    let target = thread(a.thread_root.as_deref())?;
+    let target = thread(ctx, &room, a.thread_root.as_deref()).await?;
     let content = match &target {
         Some(t) => t.markdown(&a.text),
         None => render::safe_markdown(&a.text),
@@ -124,7 +140,7 @@ pub async fn send_text(ctx: &Ctx, a: &feed::Send) -> Result<Value, String> {
 pub async fn send_file(ctx: &Ctx, a: &feed::SendFile) -> Result<Value, String> {
     let room = visible_room(ctx, &a.room_id).await?;
     let path = WorkspacePath::new(&a.path).map_err(|e| format!("path {:?}: {e}", a.path))?;
-    let target = thread(a.thread_root.as_deref())?;
+    let target = thread(ctx, &room, a.thread_root.as_deref()).await?;
     let room_id = room.room_id().to_string();
     let scope = ChatScope::new(ChatId::for_conversation(&room_id, None), room_id);
     let mut content = ctx
