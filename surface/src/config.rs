@@ -80,6 +80,9 @@ pub struct Config {
     /// `SURFACE_THREADS=mentions`: in group rooms, messages in a thread the bot posts in are
     /// answered only when they mention or reply to it (`all`, the default: every one is).
     pub threads_need_mention: bool,
+    /// `SURFACE_APPROVALS=verified`: an approval (✅ or a typed yes) counts only from a device
+    /// its user verified; `any` (the default): from any device of the asked user.
+    pub approvals_need_verified: bool,
     /// `SURFACE_KEY_WAIT`: how long a chat waits for the room key of a message that could not
     /// be decrypted before the room is told and later messages are answered.
     pub key_wait: Duration,
@@ -238,6 +241,12 @@ impl Config {
             Some("mentions") => Ok(true),
             Some(_) => Err(invalid("SURFACE_THREADS", "expected all or mentions")),
         });
+        let approvals_need_verified =
+            p.take(match get("SURFACE_APPROVALS").as_deref().map(str::trim) {
+                None | Some("any") => Ok(false),
+                Some("verified") => Ok(true),
+                Some(_) => Err(invalid("SURFACE_APPROVALS", "expected any or verified")),
+            });
         let key_wait = p.take(match get("SURFACE_KEY_WAIT") {
             None => Ok(DEFAULT_KEY_WAIT),
             Some(v) => duration("SURFACE_KEY_WAIT", &v, "60s"),
@@ -281,6 +290,7 @@ impl Config {
                 offline_notice_after: offline_notice_after?,
                 agent_down_notice: agent_down_notice?,
                 threads_need_mention: threads_need_mention?,
+                approvals_need_verified: approvals_need_verified?,
                 key_wait: key_wait?,
                 stream_interval: stream_interval?,
                 recovery_key,
@@ -639,6 +649,7 @@ mod tests {
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
         assert_eq!(c.agent_down_notice, Some(Duration::from_secs(15)));
         assert!(!c.threads_need_mention);
+        assert!(!c.approvals_need_verified);
         assert_eq!(c.key_wait, DEFAULT_KEY_WAIT);
         assert!(c.recovery_key.is_none());
         assert!(c.is_allowed("@alice:example.org"));
@@ -755,6 +766,11 @@ mod tests {
                 "SURFACE_THREADS is invalid",
             ),
             (
+                "SURFACE_APPROVALS",
+                Some("trusted"),
+                "SURFACE_APPROVALS is invalid",
+            ),
+            (
                 "SURFACE_KEY_WAIT",
                 Some("a while"),
                 "SURFACE_KEY_WAIT is invalid",
@@ -817,6 +833,7 @@ mod tests {
         env.insert("SURFACE_OFFLINE_NOTICE", "off".to_owned());
         env.insert("SURFACE_AGENT_DOWN_NOTICE", "1m".to_owned());
         env.insert("SURFACE_THREADS", "mentions".to_owned());
+        env.insert("SURFACE_APPROVALS", "verified".to_owned());
         env.insert("SURFACE_SHOW_TOOL_CALLS", "true".to_owned());
         env.insert(
             "SURFACE_ALLOWED_USERS",
@@ -828,6 +845,7 @@ mod tests {
         assert_eq!(c.offline_notice_after, None);
         assert_eq!(c.agent_down_notice, Some(Duration::from_secs(60)));
         assert!(c.threads_need_mention);
+        assert!(c.approvals_need_verified);
         assert!(c.show_tool_calls);
         assert!(c.is_allowed("@alice:other.org"));
         assert!(c.is_allowed("@bob:example.org"));

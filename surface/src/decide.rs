@@ -41,6 +41,14 @@ pub struct Facts<'a> {
     pub is_message: bool,
     /// The event is still `m.room.encrypted`: its room key has not arrived (yet).
     pub undecryptable: bool,
+    /// The room has encryption on.
+    pub room_encrypted: bool,
+    /// The event arrived encrypted (and was decrypted).
+    pub arrived_encrypted: bool,
+    /// It came from a device its user verified (cross-signed), as the bot's crypto store sees it.
+    pub verified_device: bool,
+    /// `SURFACE_APPROVALS=verified`: an approval counts only from a verified device.
+    pub approvals_need_verified: bool,
     /// `msgtype` is `m.notice` (what bots post; answering them loops bots).
     pub is_notice: bool,
     /// The event edits another one (`m.replace`).
@@ -131,6 +139,16 @@ pub enum Decision {
     },
     /// Something the bot cannot read yet, sent to it: say so (once).
     Unsupported(&'static str),
+    /// A message, edit or reaction sent unencrypted in an encrypted room: anyone who can reach
+    /// the homeserver's API as a member can send one, no client shows it as trusted, so it is
+    /// not acted on; the room is told once.
+    Plaintext,
+    /// An approval from a device its user has not verified, while `SURFACE_APPROVALS=verified`:
+    /// it does not count (the prompt keeps waiting), and the sender is told why.
+    UnverifiedApproval {
+        /// The request it would have answered.
+        request_id: String,
+    },
     /// The decision on approval `request_id`.
     Approval {
         /// The request answered.
@@ -163,8 +181,18 @@ pub fn decide(f: &Facts<'_>) -> Decision {
     if !f.sender_allowed {
         return Decision::Ignore(IgnoreReason::NotAllowed);
     }
+    let content = f.is_message || f.reaction.is_some() || f.unsupported.is_some();
+    if f.room_encrypted && !f.arrived_encrypted && content {
+        return Decision::Plaintext;
+    }
+    let unverified = f.approvals_need_verified && !f.verified_device;
     if let Some(key) = f.reaction {
         return match (&f.waiting, reaction_choice(key)) {
+            (Some(Waiting::Approval { request_id }), Some(_)) if unverified => {
+                Decision::UnverifiedApproval {
+                    request_id: request_id.clone(),
+                }
+            }
             (Some(Waiting::Approval { request_id }), Some(choice)) => Decision::Approval {
                 request_id: request_id.clone(),
                 choice,
@@ -198,6 +226,11 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         // A file is never an answer: it is a turn of its own, queued behind the waiting one.
         _ if f.has_media => {}
         Some(Waiting::Question { question_id }) => return Decision::Answer(question_id.clone()),
+        Some(Waiting::Approval { request_id }) if unverified => {
+            return Decision::UnverifiedApproval {
+                request_id: request_id.clone(),
+            };
+        }
         Some(Waiting::Approval { request_id }) => {
             return Decision::Approval {
                 request_id: request_id.clone(),
@@ -659,6 +692,112 @@ mod tests {
                     });
                 },
                 Decision::Context,
+            ),
+            (
+                "encrypted room: a plaintext message is not acted on",
+                |f| {
+                    f.room_encrypted = true;
+                    f.direct_chat = true;
+                },
+                Decision::Plaintext,
+            ),
+            (
+                "encrypted room: a plaintext ✅ on a prompt approves nothing",
+                |f| {
+                    f.room_encrypted = true;
+                    f.is_message = false;
+                    f.reaction = Some("✅");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Plaintext,
+            ),
+            (
+                "encrypted room: a plaintext answer to a waiting approval",
+                |f| {
+                    f.room_encrypted = true;
+                    f.body = "yes";
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Plaintext,
+            ),
+            (
+                "encrypted room: a plaintext redaction is still a redaction (they are sent clear)",
+                |f| {
+                    f.room_encrypted = true;
+                    f.is_message = false;
+                    f.is_redaction = true;
+                },
+                Decision::Redaction,
+            ),
+            (
+                "encrypted room: an encrypted message from an unverified device is answered",
+                |f| {
+                    f.room_encrypted = true;
+                    f.arrived_encrypted = true;
+                    f.direct_chat = true;
+                },
+                Decision::Trigger,
+            ),
+            (
+                "SURFACE_APPROVALS=verified: ✅ from an unverified device does not count",
+                |f| {
+                    f.room_encrypted = true;
+                    f.arrived_encrypted = true;
+                    f.approvals_need_verified = true;
+                    f.is_message = false;
+                    f.reaction = Some("✅");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::UnverifiedApproval {
+                    request_id: "r1".into(),
+                },
+            ),
+            (
+                "SURFACE_APPROVALS=verified: a typed yes from an unverified device does not count",
+                |f| {
+                    f.arrived_encrypted = true;
+                    f.approvals_need_verified = true;
+                    f.body = "yes";
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::UnverifiedApproval {
+                    request_id: "r1".into(),
+                },
+            ),
+            (
+                "SURFACE_APPROVALS=verified: ✅ from a verified device counts",
+                |f| {
+                    f.room_encrypted = true;
+                    f.arrived_encrypted = true;
+                    f.verified_device = true;
+                    f.approvals_need_verified = true;
+                    f.is_message = false;
+                    f.reaction = Some("✅");
+                    f.waiting = Some(Waiting::Approval {
+                        request_id: "r1".into(),
+                    });
+                },
+                Decision::Approval {
+                    request_id: "r1".into(),
+                    choice: ApprovalChoice::AllowOnce,
+                },
+            ),
+            (
+                "SURFACE_APPROVALS=verified: an unverified device's other messages are answered",
+                |f| {
+                    f.arrived_encrypted = true;
+                    f.approvals_need_verified = true;
+                    f.direct_chat = true;
+                },
+                Decision::Trigger,
             ),
             (
                 "✅ on the prompt from the asked user",

@@ -30,13 +30,38 @@ pub struct RawEvent {
     /// in the content).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redacts: Option<String>,
+    /// How it reached the bot (not part of the event's JSON: set by [`RawEvent::parse`]).
+    #[serde(skip)]
+    pub arrival: Arrival,
+}
+
+/// How an event reached the bot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Arrival {
+    /// In clear text (or still encrypted: [`RawEvent::is_undecryptable`]).
+    #[default]
+    Clear,
+    /// Encrypted, and decrypted by the bot.
+    Encrypted {
+        /// The sending device is verified by its user (cross-signed) and the user is one the
+        /// bot's crypto store trusts as verified.
+        verified: bool,
+    },
 }
 
 impl RawEvent {
     /// Parses a timeline event (the decrypted one when it could be decrypted); `None` for
     /// events without the basic fields (e.g. redacted beyond recognition).
     pub fn parse(ev: &TimelineEvent) -> Option<Self> {
-        serde_json::from_str(ev.raw().json().get()).ok()
+        use matrix_sdk::deserialized_responses::VerificationState;
+        let mut e: Self = serde_json::from_str(ev.raw().json().get()).ok()?;
+        e.arrival = match ev.encryption_info() {
+            Some(info) => Arrival::Encrypted {
+                verified: info.verification_state == VerificationState::Verified,
+            },
+            None => Arrival::Clear,
+        };
+        Some(e)
     }
 
     /// Still encrypted: its room key was not there when it was read.

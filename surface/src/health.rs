@@ -262,13 +262,14 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Limits on the connections of the health endpoint.
+/// Limits on the connections of an endpoint served by [`serve_router`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Time a client has to send a complete request head, from the moment the connection is
     /// accepted (or the previous response was written, on a keep-alive connection).
     pub header_read_timeout: Duration,
-    /// Longest life of one connection, whatever it does.
+    /// Longest life of one connection that has not been [`Trusted`] (the health endpoint's
+    /// never are).
     pub max_lifetime: Duration,
     /// Connections open at once; at the cap the oldest one is closed.
     pub max_connections: usize,
@@ -292,41 +293,80 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// A connection's mark, in every request's extensions: a handler that authenticated the
+/// client calls [`Trusted::grant`], and the connection is then neither held to
+/// [`Limits::max_lifetime`] nor closed to make room while an untrusted one can be.
+#[derive(Debug, Clone, Default)]
+pub struct Trusted(Arc<std::sync::atomic::AtomicBool>);
+
+impl Trusted {
+    /// The client proved who it is.
+    pub fn grant(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether it did.
+    pub fn is_granted(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// An open connection: its peer, its trust, and what closes it.
+#[derive(Debug)]
+struct Slot {
+    ip: IpAddr,
+    trusted: Trusted,
+    close: CancellationToken,
+}
+
 /// The open connections, oldest first (ids only grow).
 #[derive(Debug, Default)]
 struct Slots {
     next_id: u64,
-    open: BTreeMap<u64, (IpAddr, CancellationToken)>,
+    open: BTreeMap<u64, Slot>,
 }
 
 impl Slots {
-    /// Registers a connection from `ip`, first closing the oldest connections that would put
-    /// it over either cap.
-    fn admit(&mut self, ip: IpAddr, limits: &Limits) -> (u64, CancellationToken) {
-        let from_ip = self.open.values().filter(|(i, _)| *i == ip).count();
+    /// Registers a connection from `ip`, first closing the connections that would put it over
+    /// either cap: the oldest untrusted one, or the oldest of all when every one is trusted.
+    fn admit(&mut self, ip: IpAddr, limits: &Limits) -> (u64, CancellationToken, Trusted) {
+        let from_ip = self.open.values().filter(|s| s.ip == ip).count();
         if from_ip >= limits.max_per_ip.max(1) {
-            let oldest = self
-                .open
-                .iter()
-                .find(|(_, (i, _))| *i == ip)
-                .map(|(id, _)| *id);
-            self.evict(oldest);
+            let victim = self.victim(|s| s.ip == ip);
+            self.evict(victim);
         }
         if self.open.len() >= limits.max_connections.max(1) {
-            let oldest = self.open.keys().next().copied();
-            self.evict(oldest);
+            let victim = self.victim(|_| true);
+            self.evict(victim);
         }
         let id = self.next_id;
         self.next_id += 1;
-        let token = CancellationToken::new();
-        self.open.insert(id, (ip, token.clone()));
-        (id, token)
+        let (close, trusted) = (CancellationToken::new(), Trusted::default());
+        self.open.insert(
+            id,
+            Slot {
+                ip,
+                trusted: trusted.clone(),
+                close: close.clone(),
+            },
+        );
+        (id, close, trusted)
+    }
+
+    /// The oldest untrusted connection that `of` selects, else the oldest it selects.
+    fn victim(&self, of: impl Fn(&Slot) -> bool) -> Option<u64> {
+        let mut chosen = self.open.iter().filter(|(_, s)| of(s));
+        let all: Vec<(&u64, &Slot)> = chosen.by_ref().collect();
+        all.iter()
+            .find(|(_, s)| !s.trusted.is_granted())
+            .or_else(|| all.first())
+            .map(|(id, _)| **id)
     }
 
     fn evict(&mut self, id: Option<u64>) {
-        if let Some((ip, token)) = id.and_then(|id| self.open.remove(&id)) {
-            tracing::debug!(peer_ip = %ip, "health endpoint full: closing the oldest connection");
-            token.cancel();
+        if let Some(slot) = id.and_then(|id| self.open.remove(&id)) {
+            tracing::debug!(peer_ip = %slot.ip, "endpoint full: closing the oldest connection");
+            slot.close.cancel();
         }
     }
 }
@@ -347,7 +387,19 @@ pub async fn serve_with(
     limits: Limits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let router = app(health);
+    serve_router(listener, app(health), limits, shutdown).await
+}
+
+/// Serves `router` on `listener` until `shutdown` from an accept loop that strangers cannot
+/// fill (see the module documentation): a deadline for each request head, a lifetime for
+/// connections that are not [`Trusted`], caps overall and per peer IP that close the oldest
+/// (untrusted) connection first. Every request carries its connection's [`Trusted`].
+pub async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let slots = Arc::new(Mutex::new(Slots::default()));
     let tracker = TaskTracker::new();
     loop {
@@ -356,18 +408,18 @@ pub async fn serve_with(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %e, "health endpoint cannot accept");
+                    tracing::warn!(error = %e, "cannot accept a connection");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
         };
-        let (id, evicted) = lock(&slots).admit(peer.ip(), &limits);
-        let router = router.clone();
+        let (id, evicted, trusted) = lock(&slots).admit(peer.ip(), &limits);
+        let router = router.clone().layer(axum::Extension(trusted.clone()));
         let slots = slots.clone();
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
-            serve_connection(stream, router, &limits, evicted, shutdown).await;
+            serve_connection(stream, router, &limits, evicted, trusted, shutdown).await;
             lock(&slots).open.remove(&id);
         });
     }
@@ -380,15 +432,22 @@ fn lock(slots: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
     slots.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Drives one HTTP/1 connection until it ends, its deadline passes, it is evicted, or
-/// shutdown (which lets an in-flight response finish briefly).
+/// Drives one HTTP/1 connection until it ends, its deadline passes (while it is not trusted),
+/// it is evicted, or shutdown (which lets an in-flight response finish briefly).
 async fn serve_connection(
     stream: TcpStream,
     router: Router,
     limits: &Limits,
     evicted: CancellationToken,
+    trusted: Trusted,
     shutdown: CancellationToken,
 ) {
+    let lifetime = async {
+        tokio::time::sleep(limits.max_lifetime).await;
+        if trusted.is_granted() {
+            std::future::pending::<()>().await;
+        }
+    };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -398,12 +457,12 @@ async fn serve_connection(
     tokio::select! {
         result = conn.as_mut() => {
             if let Err(e) = result {
-                tracing::debug!(error = %e, "health connection ended");
+                tracing::debug!(error = %e, "connection ended");
             }
         }
         () = evicted.cancelled() => {}
-        () = tokio::time::sleep(limits.max_lifetime) => {
-            tracing::debug!("health connection reached its lifetime");
+        () = lifetime => {
+            tracing::debug!("connection reached its lifetime");
         }
         () = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();
@@ -426,18 +485,48 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let mut slots = Slots::default();
-        let (_, a0) = slots.admit(a, &limits);
-        let (_, b0) = slots.admit(b, &limits);
-        let (_, a1) = slots.admit(a, &limits);
+        let (_, a0, _) = slots.admit(a, &limits);
+        let (_, b0, _) = slots.admit(b, &limits);
+        let (_, a1, _) = slots.admit(a, &limits);
         assert!(![&a0, &b0, &a1].iter().any(|t| t.is_cancelled()));
         // A third from `a` closes `a`'s oldest, not `b`'s.
-        let (_, a2) = slots.admit(a, &limits);
+        let (_, a2, _) = slots.admit(a, &limits);
         assert!(a0.is_cancelled() && !b0.is_cancelled());
         // A newcomer at the overall cap closes the oldest of all.
-        let (_, c0) = slots.admit("10.0.0.3".parse().unwrap(), &limits);
+        let (_, c0, _) = slots.admit("10.0.0.3".parse().unwrap(), &limits);
         assert!(b0.is_cancelled());
         assert!(![&a1, &a2, &c0].iter().any(|t| t.is_cancelled()));
         assert_eq!(slots.open.len(), 3);
+    }
+
+    #[test]
+    fn trusted_connections_are_closed_last() {
+        let limits = Limits {
+            max_connections: 3,
+            max_per_ip: 2,
+            ..Limits::default()
+        };
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut slots = Slots::default();
+        let (_, client, trust) = slots.admit(a, &limits);
+        trust.grant();
+        let (_, stranger, _) = slots.admit(a, &limits);
+        // From the same address: the stranger goes, not the older, trusted client.
+        let (_, s2, _) = slots.admit(a, &limits);
+        assert!(stranger.is_cancelled() && !client.is_cancelled());
+        // Everyone else's too: at the overall cap, untrusted ones go first.
+        let (_, b0, _) = slots.admit("10.0.0.2".parse().unwrap(), &limits);
+        let (_, c0, _) = slots.admit("10.0.0.3".parse().unwrap(), &limits);
+        assert!(s2.is_cancelled() && !client.is_cancelled());
+        assert!(!b0.is_cancelled() && !c0.is_cancelled());
+        // Only trusted ones left: the oldest of them goes.
+        let mut all_trusted = Slots::default();
+        let (_, t0, g0) = all_trusted.admit(a, &limits);
+        g0.grant();
+        let (_, t1, g1) = all_trusted.admit(a, &limits);
+        g1.grant();
+        let (_, t2, _) = all_trusted.admit(a, &limits);
+        assert!(t0.is_cancelled() && !t1.is_cancelled() && !t2.is_cancelled());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::context::Ctx;
 use crate::decide::{self, Decision, Facts, IgnoreReason};
-use crate::event::RawEvent;
+use crate::event::{Arrival, RawEvent};
 use crate::journal::{ChatRef, Disposition, EditTarget, NewEvent};
 use crate::lanes;
 use crate::prompts;
@@ -32,6 +32,8 @@ pub struct RoomFacts {
     pub allowed: bool,
     /// Its moderators set the bot to answer every message.
     pub every_message: bool,
+    /// Encryption is on.
+    pub encrypted: bool,
 }
 
 impl RoomFacts {
@@ -57,6 +59,7 @@ impl RoomFacts {
                 .journal
                 .every_message(room.room_id().as_str())
                 .unwrap_or(false),
+            encrypted: room.encryption_state().is_encrypted(),
         }
     }
 }
@@ -112,6 +115,10 @@ pub async fn classify(
         max_bot_turns: ctx.config.max_bot_turns,
         is_message: e.kind == "m.room.message",
         undecryptable: e.is_undecryptable(),
+        room_encrypted: facts.encrypted,
+        arrived_encrypted: matches!(e.arrival, Arrival::Encrypted { .. }),
+        verified_device: e.arrival == (Arrival::Encrypted { verified: true }),
+        approvals_need_verified: ctx.config.approvals_need_verified,
         is_notice: e.msgtype() == "m.notice",
         is_edit: e.rel_type() == Some("m.replace"),
         is_redaction: e.redacted_event().is_some(),
@@ -135,6 +142,8 @@ pub async fn classify(
     let disposition = match &decision {
         Decision::Ignore(_)
         | Decision::Unsupported(_)
+        | Decision::Plaintext
+        | Decision::UnverifiedApproval { .. }
         | Decision::ReplaceQueued
         | Decision::SetMode { .. } => Disposition::Skip,
         // The agent hears of removed files with the chat's next turn.
@@ -415,6 +424,33 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
                 notify(ctx, ev, text, "unsupported");
             }
         }
+        Decision::Plaintext => {
+            warn!(
+                room_id = %ev.room_id,
+                event_id = %ev.event_id,
+                sender = %ev.sender,
+                "unencrypted event in an encrypted room: not acted on"
+            );
+            if ctx.bot_loops.first_notice(&ev.room_id, "plaintext") {
+                let text = "⚠️ This room is encrypted, and I do not act on messages, edits or \
+                            reactions that arrive unencrypted in it. Send from a client that \
+                            encrypts (Element does).";
+                notify(ctx, ev, text.to_owned(), "plaintext");
+            }
+        }
+        Decision::UnverifiedApproval { request_id } => {
+            warn!(
+                room_id = %ev.room_id,
+                event_id = %ev.event_id,
+                sender = %ev.sender,
+                request_id = %request_id,
+                "approval from an unverified device: it does not count (SURFACE_APPROVALS=verified)"
+            );
+            let text = "⚠️ Approvals count only from a verified session here. Verify this \
+                        session (or answer from one that is), then answer the prompt again; \
+                        it is still waiting.";
+            notify(ctx, ev, text.to_owned(), "approval-unverified");
+        }
         Decision::Answer(question_id) => {
             let text = decide::strip_reply_fallback(body);
             let delivered = ctx.waits.answer(&question_id, text, &ev.sender);
@@ -592,6 +628,8 @@ fn decision_label(d: &Decision) -> &'static str {
         Decision::Answer(_) => "answer",
         Decision::Redaction => "redaction",
         Decision::ReplaceQueued => "edit",
+        Decision::Plaintext => "plaintext",
+        Decision::UnverifiedApproval { .. } => "approval_unverified",
         Decision::SetMode { .. } => "set_mode",
         Decision::Unsupported(_) => "unsupported",
         Decision::Approval { .. } => "approval",

@@ -182,7 +182,8 @@ fn help_env_example_readme_and_compose_agree() {
         let plain = rest.replace('`', "");
         for (var, default) in &defaults {
             let named = names.split('`').skip(1).step_by(2).any(|n| n == var);
-            let says = shown.iter().any(|s| s.contains(default.as_str())) || mentions(&plain, default);
+            let says =
+                shown.iter().any(|s| s.contains(default.as_str())) || mentions(&plain, default);
             if named && !default.is_empty() && !says {
                 wrong.push(format!("{var} (default {default}): {row}"));
             }

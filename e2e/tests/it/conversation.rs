@@ -1,7 +1,7 @@
 //! Conversation with prompts, as an Element user has it in an encrypted DM: an approval
 //! answered by tapping a seeded reaction, the outcome shown on the prompt, and a file sent
 //! while a prompt waits, which is a turn of its own (downloaded and described) instead of
-//! being taken as the answer.
+//! being taken as the answer; what arrives unencrypted in that encrypted room is not acted on.
 
 use std::time::Duration;
 
@@ -109,6 +109,32 @@ impl Dm {
         let content = RoomMessageEventContent::text_plain(text)
             .make_replacement(ReplacementMetadata::new(target, None));
         self.room().send(content).await.expect("edit");
+    }
+
+    /// Sends an event of `kind` UNENCRYPTED into the encrypted DM, through the client-server
+    /// API with the user's own token (as any member could), and returns its id.
+    async fn send_plaintext(&self, kind: &str, content: serde_json::Value) -> String {
+        let hs = Homeserver::from_env();
+        let token = self.user.client().access_token().expect("a token");
+        let url = format!(
+            "{}/_matrix/client/v3/rooms/{}/send/{kind}/{}",
+            hs.url.trim_end_matches('/'),
+            self.room,
+            e2e::unique("plain")
+        );
+        let sent: serde_json::Value = reqwest::Client::new()
+            .put(url)
+            .bearer_auth(token)
+            .json(&content)
+            .send()
+            .await
+            .expect("send")
+            .error_for_status()
+            .expect("accepted")
+            .json()
+            .await
+            .expect("json");
+        sent["event_id"].as_str().expect("event id").to_owned()
     }
 
     async fn react(&self, event: &str, key: &str) {
@@ -419,4 +445,75 @@ async fn a_prompt_still_works_after_either_process_restarts() {
     );
     let asked_again = dm.count_answers(&again, "Approval needed").await > 0;
     assert!(!asked_again, "asked again after always");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_an_encrypted_room_what_arrives_unencrypted_is_not_acted_on() {
+    let dm = Dm::start().await;
+    let bot = dm.stack.bot.user_id.clone();
+    let ask = dm.user.send_text(&dm.room, "approve plain").await.unwrap();
+    let prompt = dm
+        .wait_bot(&ask, "the approval prompt", |m| {
+            m.body.contains("Approval needed")
+        })
+        .await;
+    // A ✅ sent in clear through the API (no client shows it as trusted).
+    let plain_reaction = dm
+        .send_plaintext(
+            "m.reaction",
+            serde_json::json!({"m.relates_to": {
+                "rel_type": "m.annotation", "event_id": prompt.event_id, "key": "✅"}}),
+        )
+        .await;
+    let notice = dm
+        .user
+        .wait_for(TURN, "the notice about unencrypted events", || async {
+            dm.user
+                .messages_from(&dm.room, &bot)
+                .await
+                .ok()?
+                .into_iter()
+                .find(|m| m.msgtype == "m.notice" && m.body.contains("arrive unencrypted"))
+        })
+        .await
+        .unwrap_or_else(|e| {
+            dm.stack.dump();
+            panic!("{e}")
+        });
+    assert_eq!(notice.in_reply_to.as_deref(), Some(plain_reaction.as_str()));
+    // The notice comes after the reaction was judged: it approved nothing.
+    let approved = dm.count_answers(&ask, "Approved").await;
+    assert_eq!(approved, 0, "a plaintext ✅ approves nothing");
+    assert!(
+        dm.stack
+            .surface
+            .log()
+            .contains("unencrypted event in an encrypted room: not acted on"),
+        "logged with its ids"
+    );
+    // A plaintext message is not answered either, and the room is not told twice.
+    let plain_message = dm
+        .send_plaintext(
+            "m.room.message",
+            serde_json::json!({"msgtype": "m.text", "body": "approve everything"}),
+        )
+        .await;
+    // The encrypted ✅ of the asked user approves, as always.
+    dm.react(&prompt.event_id, "✅").await;
+    dm.wait_bot(&ask, "the approved answer", |m| {
+        m.body.contains("Approved: `plain`")
+    })
+    .await;
+    let from_bot = dm.user.messages_from(&dm.room, &bot).await.unwrap();
+    let notices = from_bot
+        .iter()
+        .filter(|m| m.body.contains("arrive unencrypted"))
+        .count();
+    assert_eq!(notices, 1, "told once");
+    assert!(
+        !from_bot
+            .iter()
+            .any(|m| m.thread_root.as_deref() == Some(plain_message.as_str())),
+        "the plaintext message got no answer"
+    );
 }

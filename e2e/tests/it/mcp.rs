@@ -112,6 +112,31 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
         assert_eq!(status.as_u16(), 401, "authorization {auth:?}");
     }
 
+    // The port is guarded like /healthz: a slow request head is closed, 300 silent sockets
+    // from 20 addresses are closed, and a client with the token is served beside them.
+    let mcp_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let head = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+    let slow = e2e::attack::slow_loris(mcp_addr, head, Duration::from_millis(200), TURN).await;
+    assert!(slow.is_some(), "a slow request head on the MCP port is closed");
+    let flood = e2e::attack::idle_sockets(mcp_addr, 300, 20).await;
+    let served = http
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {token}"))
+        .body(init)
+        .send()
+        .await
+        .expect("POST /mcp beside 300 idle sockets")
+        .status();
+    assert_eq!(served.as_u16(), 200, "a client with the token is served");
+    let closed = e2e::attack::all_closed(&flood, TURN).await;
+    assert!(closed.is_some(), "the idle sockets are closed");
+    eprintln!(
+        "mcp port: slow head closed after {slow:?}, {} idle sockets closed after {closed:?}",
+        flood.len()
+    );
+
     // Subscribed: N messages from the user are notified, in order, once; the bot's answers
     // to them (it answers each) never are.
     const N: usize = 5;

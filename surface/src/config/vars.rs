@@ -99,6 +99,11 @@ pub const VARS: &[Var] = &[
         "group rooms: answer every message in a thread the bot posts in (all), or only mentions",
     ),
     Var::new(
+        "SURFACE_APPROVALS",
+        "any",
+        "whose approvals count: any device of the asked user, or only verified ones (verified)",
+    ),
+    Var::new(
         "SURFACE_AGENT_DOWN_NOTICE",
         "15s",
         "tell the room once when its message cannot reach the agent for this long, or off",
