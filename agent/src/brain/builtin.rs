@@ -484,7 +484,7 @@ fn history(input: &TurnInput) -> String {
     let mut out =
         format!("This chat has {turns} earlier turn(s) with {attachments} attachment(s).");
     for t in input.history.recent.iter().rev().take(5).rev() {
-        let text: String = t.text.chars().take(80).collect();
+        let text: String = crate::speaker::one_line(&t.text).chars().take(80).collect();
         out.push_str(&format!(
             "\n- #{} {}: {text}",
             t.seq,
