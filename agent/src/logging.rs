@@ -1,4 +1,4 @@
-//! Log set-up for the binary: `RUST_LOG` (default `info`), text or JSON lines, no colour codes
+//! Log set-up for the binary: `RUST_LOG` (default [`DEFAULT_FILTER`]), text or JSON lines, no colour codes
 //! off a terminal, and library events that carry a credential dropped at every level
 //! ([`redact`], the surface's rule, the same file).
 
@@ -13,8 +13,10 @@ use tracing_subscriber::util::SubscriberInitExt;
 #[path = "../../surface/src/logging/redact.rs"]
 pub mod redact;
 
-/// The filter when `RUST_LOG` is not set.
-pub const DEFAULT_FILTER: &str = "info";
+/// The filter when `RUST_LOG` is not set: `info`, but the MCP SDK (rmcp) only from `warn`,
+/// since it logs every message an MCP server sends at `info` (a server would decide how much
+/// the agent logs).
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
 
 /// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
 const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
@@ -103,7 +105,8 @@ mod tests {
             tracing::warn!(target: "hyper_util::client", "retrying, Authorization: Bearer {key}");
             tracing::info!(target: "agent::session", seq = 1, "turn ended");
             tracing::debug!(target: "agent::tools", "below the default level");
-            tracing::info!(target: "rmcp::service", "server initialized");
+            tracing::info!(target: "rmcp::service", "received notification");
+            tracing::warn!(target: "rmcp::transport", "line too long");
         });
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text
@@ -116,7 +119,7 @@ mod tests {
                 "INFO agent::session: turn admitted seq=1",
                 "INFO agent::brain::openai: model answered outcome=\"ok\"",
                 "INFO agent::session: turn ended seq=1",
-                "INFO rmcp::service: server initialized",
+                "WARN rmcp::transport: line too long",
             ]
         );
     }

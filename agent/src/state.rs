@@ -77,8 +77,11 @@ impl AppState {
         let mut registry =
             Registry::new(config.tool_policy.clone()).offering_demos(config.offer_demo_tools);
         if !config.mcp.servers.is_empty() {
-            // Servers start on first use: a slow or broken one never delays the agent's start.
-            registry = registry.with_mcp(Arc::new(Hub::new(&config.mcp)));
+            // Servers start in the background, now: a slow or broken one never delays the
+            // agent's start, and the first turns find the others ready.
+            let hub = Arc::new(Hub::new(&config.mcp));
+            hub.start_all();
+            registry = registry.with_mcp(hub);
         }
         let registry = Arc::new(registry);
         let brain = brain::from_config(&config);

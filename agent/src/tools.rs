@@ -389,7 +389,8 @@ impl Registry {
                 }
             }
             Err(e) => {
-                warn!(error = %e, "tool call failed");
+                // An MCP server's error text is its own: escaped, so it cannot forge log lines.
+                warn!(error = %mcp::shown_within(&e.to_string(), 300), "tool call failed");
                 ToolOutcome {
                     ok: false,
                     output: e.to_string(),

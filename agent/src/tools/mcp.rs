@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+pub(crate) use hub::shown_within;
 pub use hub::{ClientError, Hub, McpClient, McpError, McpTool};
 
 use super::{Registry, ToolCx, ToolError, ToolOutput, ToolSpec, TurnGrants, json_args};

@@ -12,6 +12,7 @@ mod hearing;
 mod history_cost;
 mod hostile;
 mod mcp;
+mod mcp_hostile;
 mod memory;
 mod metrics;
 mod model_faults;

@@ -19,7 +19,7 @@ use crate::openai::{Fake, sse, tool_call};
 use crate::support::*;
 
 /// The Python interpreter that has the `mcp` package, if this machine has one.
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("MXBRIDGE_MCP_PYTHON").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
@@ -45,7 +45,7 @@ fn demo(python: &std::path::Path) -> McpServerConfig {
     )
 }
 
-fn stdio(name: &str, program: String, args: Vec<String>) -> McpServerConfig {
+pub(crate) fn stdio(name: &str, program: String, args: Vec<String>) -> McpServerConfig {
     McpServerConfig {
         name: name.to_owned(),
         transport: McpTransport::Stdio { program, args },
@@ -54,7 +54,7 @@ fn stdio(name: &str, program: String, args: Vec<String>) -> McpServerConfig {
 }
 
 /// Adds `servers` (and `policies`, e.g. `demo__*=allow`) to the agent's configuration.
-fn with_mcp<'a>(
+pub(crate) fn with_mcp<'a>(
     servers: Vec<McpServerConfig>,
     policies: &'a [(&'a str, Policy)],
     timeout: Duration,
@@ -71,7 +71,7 @@ fn with_mcp<'a>(
 }
 
 const ALLOW_DEMO: &[(&str, Policy)] = &[("demo__*", Policy::Allow)];
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn approvals(t: &Transcript) -> usize {
     t.messages
@@ -338,6 +338,7 @@ async fn the_openai_brain_offers_and_runs_mcp_tools() {
                 json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}),
             ]),
             sse(&[json!({"choices":[{"delta":{"content":"It is 42."},"finish_reason":"stop"}]})]),
+            sse(&[json!({"choices":[{"delta":{"content":"Done."},"finish_reason":"stop"}]})]),
         ])
         .await;
     let agent = TestAgent::start_with(|c| {
@@ -350,9 +351,14 @@ async fn the_openai_brain_offers_and_runs_mcp_tools() {
     assert_eq!(t.end().status, EndStatus::Completed);
     assert_eq!(t.tool_calls(), ["demo__add"]);
     assert_eq!(t.text(), "It is 42.");
+    // The server starts in the background with the agent and a turn's list of tools never
+    // waits for it, so the first turn may have been offered none of its tools; the model's
+    // call waited for it, so the next turn surely is.
+    let t = c.turn(message(2, "$a2", "thanks")).await;
+    assert_eq!(t.text(), "Done.");
 
     let requests = fake.requests.lock().unwrap();
-    let tools: BTreeMap<&str, &serde_json::Value> = requests[0].1["tools"]
+    let tools: BTreeMap<&str, &serde_json::Value> = requests[2].1["tools"]
         .as_array()
         .unwrap()
         .iter()

@@ -7,16 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use rmcp::model::{CallToolRequestParams, ContentBlock};
+use rmcp::model::{CallToolRequestParams, ContentBlock, PaginatedRequestParams};
 use rmcp::service::{ClientInitializeError, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tracing::debug;
+use tokio::io::AsyncReadExt;
+use tokio::process::ChildStderr;
+use tracing::{debug, info, warn};
 
-use super::hub::{ClientError, McpClient, McpTool};
+use super::hub::{ClientError, McpClient, McpTool, shown, shown_within};
 use crate::config::{McpServerConfig, McpTransport};
 
 /// Environment variables a stdio server gets from the agent; nothing else (the agent's own
@@ -25,10 +26,28 @@ const PASSED_ENV: &[&str] = &[
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER",
 ];
 
-/// Lines of a stdio server's stderr kept for the error when it fails to start.
-const STDERR_TAIL: usize = 3;
+/// Bytes of a stdio server's stderr kept (the last ones) for the error when it fails to start.
+const STDERR_TAIL: usize = 8 * 1024;
+
+/// Lines of that tail quoted in the error.
+const STDERR_WORDS: usize = 3;
+
+/// Bytes read from a stdio server's stderr at a time.
+const STDERR_CHUNK: usize = 4 * 1024;
+
+/// Bytes of a stderr line logged; the rest of a longer line is left out.
+const STDERR_LINE: usize = 1024;
+
+/// Pages of `tools/list` read at most: a server that hands out cursors forever is cut off.
+const MAX_TOOL_PAGES: usize = 32;
+
+/// Tools listed at most (across pages); more are left out. Far above what a turn offers
+/// ([`super::hub::MAX_TOOLS_PER_TURN`]) but bounds what one server makes the agent hold.
+const MAX_LISTED_TOOLS: usize = 4096;
 
 struct Rmcp {
+    /// The server's name in the agent's configuration.
+    name: String,
     service: RunningService<RoleClient, ()>,
 }
 
@@ -47,22 +66,12 @@ pub(super) async fn connect(config: &McpServerConfig) -> Result<Arc<dyn McpClien
                 .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot run {program}: {e}"))?;
-            // The server's own log goes to ours (RUST_LOG=agent=debug); its last lines explain
-            // a server that fails to start (a missing module, a bad flag).
-            let tail = Arc::new(Mutex::new(VecDeque::new()));
+            // The server's own log goes to ours (RUST_LOG=agent=debug), line by line, cut
+            // short; its last bytes explain a server that fails to start (a missing module, a
+            // bad flag). Read in bounded chunks: a line without end costs no memory.
+            let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
             let reader = stderr.map(|stderr| {
-                let (server, tail) = (config.name.clone(), tail.clone());
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        debug!(server = %server, "{line}");
-                        let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-                        if tail.len() == STDERR_TAIL {
-                            tail.pop_front();
-                        }
-                        tail.push_back(line.chars().take(200).collect::<String>());
-                    }
-                })
+                tokio::spawn(drain_stderr(config.name.clone(), stderr, tail.clone()))
             });
             match ().serve(transport).await {
                 Ok(service) => service,
@@ -71,11 +80,9 @@ pub(super) async fn connect(config: &McpServerConfig) -> Result<Arc<dyn McpClien
                     if let Some(reader) = reader {
                         let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
                     }
-                    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                     let mut why = init_error(&e);
-                    if !tail.is_empty() {
-                        let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
-                        why.push_str(&format!("; it said: {}", lines.join(" | ")));
+                    if let Some(words) = last_words(&tail) {
+                        why.push_str(&format!("; it said: {words}"));
                     }
                     return Err(why);
                 }
@@ -90,7 +97,83 @@ pub(super) async fn connect(config: &McpServerConfig) -> Result<Arc<dyn McpClien
             ().serve(transport).await.map_err(|e| init_error(&e))?
         }
     };
-    Ok(Arc::new(Rmcp { service }))
+    if let Some(peer) = service.peer_info()
+        && let Some(info) = &peer.server_info
+    {
+        info!(
+            server = %config.name,
+            name = %shown(&info.name),
+            version = %shown(&info.version),
+            "MCP handshake done"
+        );
+    }
+    Ok(Arc::new(Rmcp {
+        name: config.name.clone(),
+        service,
+    }))
+}
+
+/// Reads a stdio server's stderr to its end in chunks of [`STDERR_CHUNK`] bytes: each line
+/// logged at debug (escaped, the first [`STDERR_LINE`] bytes of it), the last
+/// [`STDERR_TAIL`] bytes kept in `tail`.
+async fn drain_stderr(server: String, mut stderr: ChildStderr, tail: Arc<Mutex<VecDeque<u8>>>) {
+    let mut chunk = vec![0; STDERR_CHUNK];
+    let mut line = Vec::with_capacity(STDERR_LINE);
+    let mut cut = false;
+    let log = |line: &[u8], cut: bool| {
+        let text = String::from_utf8_lossy(line);
+        let more = if cut { " … (cut)" } else { "" };
+        debug!(server = %server, "{}{more}", shown_within(&text, STDERR_LINE));
+    };
+    loop {
+        let n = match stderr.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let bytes = &chunk[..n];
+        {
+            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+            let keep = &bytes[bytes.len().saturating_sub(STDERR_TAIL)..];
+            let over = (tail.len() + keep.len()).saturating_sub(STDERR_TAIL);
+            tail.drain(..over);
+            tail.extend(keep);
+        }
+        for &byte in bytes {
+            if byte == b'\n' {
+                log(&line, cut);
+                line.clear();
+                cut = false;
+            } else if line.len() < STDERR_LINE {
+                line.push(byte);
+            } else {
+                cut = true;
+            }
+        }
+    }
+    if !line.is_empty() {
+        log(&line, cut);
+    }
+}
+
+/// The last few lines of a server's stderr `tail`, escaped and cut short, for an error
+/// message; `None` when it said nothing.
+fn last_words(tail: &Mutex<VecDeque<u8>>) -> Option<String> {
+    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+    let bytes: Vec<u8> = tail.iter().copied().collect();
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .rev()
+        .take(STDERR_WORDS)
+        .map(|l| shown_within(l, 200))
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = lines.into_iter().rev().collect();
+    Some(lines.join(" | "))
 }
 
 /// Why the handshake failed, in words for the operator.
@@ -119,9 +202,32 @@ fn classify(e: ServiceError) -> ClientError {
 impl McpClient for Rmcp {
     fn list_tools(&self) -> BoxFuture<'_, Result<Vec<McpTool>, ClientError>> {
         Box::pin(async move {
-            let tools = self.service.list_all_tools().await.map_err(classify)?;
+            let mut tools = Vec::new();
+            let mut cursor = None;
+            for _ in 0..MAX_TOOL_PAGES {
+                let params = PaginatedRequestParams::default().with_cursor(cursor.take());
+                let page = self
+                    .service
+                    .list_tools(Some(params))
+                    .await
+                    .map_err(classify)?;
+                tools.extend(page.tools);
+                cursor = page.next_cursor;
+                if cursor.is_none() || tools.len() >= MAX_LISTED_TOOLS {
+                    break;
+                }
+            }
+            if cursor.is_some() || tools.len() > MAX_LISTED_TOOLS {
+                warn!(
+                    server = %self.name,
+                    limit = MAX_LISTED_TOOLS,
+                    pages = MAX_TOOL_PAGES,
+                    "MCP server lists more tools than the agent reads; the rest are left out"
+                );
+            }
             Ok(tools
                 .into_iter()
+                .take(MAX_LISTED_TOOLS)
                 .map(|t| McpTool {
                     name: t.name.into_owned(),
                     description: t.description.map(|d| d.into_owned()).unwrap_or_default(),

@@ -1,17 +1,22 @@
-//! The MCP servers the operator configured, as a source of tools: connected on first use,
-//! their tool lists cached per connection, every call bounded by `AGENT_MCP_TIMEOUT`. A server
-//! that exits, breaks the connection or does not answer in time costs that call only (a clear
-//! error for the brain); it is started again on the next call. The SDK (rmcp) stays behind
-//! [`McpClient`] in `tools/mcp/client`, since its API changes often.
+//! The MCP servers the operator configured, as a source of tools: started in the background
+//! (at the agent's start, and again when needed), their tool lists cached per connection,
+//! every call bounded by `AGENT_MCP_TIMEOUT`. A server that exits, breaks the connection or
+//! does not answer in time costs that call only (a clear error for the brain); it is started
+//! again when next needed. Listing the tools of a turn never waits: a server that is starting,
+//! or failed to, is left out of that turn (only a call of one of its tools waits for its
+//! start), so a hostile or broken server cannot stall other chats. Whatever a server names is
+//! logged through [`shown`]. The SDK (rmcp) stays behind [`McpClient`] in
+//! `tools/mcp/client`, since its API changes often.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 use protocol::ChatId;
 use serde_json::{Map, Value};
-use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::config::{MCP_SEPARATOR, McpConfig, McpServerConfig};
@@ -24,8 +29,16 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// long, however short `AGENT_MCP_TIMEOUT` is: an interpreter starting up is not a hung call.
 const MIN_START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most MCP tools offered to the model in one turn, all servers together: every tool's schema
+/// rides along with every model request, so a server offering thousands would make each
+/// request megabytes long.
+pub const MAX_TOOLS_PER_TURN: usize = 128;
+
 /// Longest tool name OpenAI-compatible servers accept.
 const MAX_TOOL_NAME: usize = 64;
+
+/// Most characters of a server-chosen name logged (see [`shown`]).
+const MAX_SHOWN: usize = 80;
 
 /// Most characters of a call's result passed on to the brain.
 const MAX_RESULT_CHARS: usize = 100_000;
@@ -125,26 +138,53 @@ pub enum McpError {
 /// A server's tools under their registry names (`server__tool`).
 type Tools = Arc<BTreeMap<String, McpTool>>;
 
+/// A started server: its connection and the tools it listed.
+#[derive(Clone)]
 struct Live {
     client: Arc<dyn McpClient>,
     tools: Tools,
 }
 
-#[derive(Default)]
-struct Conn {
-    live: Option<Live>,
-    /// When starting last failed, and why.
-    failed: Option<(Instant, String)>,
+/// The end of a start: the connection, or why there is none.
+type Started = Result<Live, String>;
+
+/// Where a server stands. Changed under a plain mutex that is never held across I/O: a
+/// start runs in its own task, and whoever needs its outcome awaits `Starting`'s future.
+enum State {
+    /// Not started yet, or dropped after a call hung or broke the connection.
+    Idle,
+    /// A task is starting it; the future resolves when the start ends (shared by every
+    /// caller that waits for it).
+    Starting(Shared<BoxFuture<'static, Started>>),
+    /// Started.
+    Live(Live),
+    /// Starting last failed, at `at`.
+    Failed { at: Instant, reason: String },
+}
+
+/// What a caller gets to see of a server's state, the lock released.
+enum Now {
+    Live(Live),
+    Starting(Shared<BoxFuture<'static, Started>>),
+    Failed(String),
 }
 
 struct Server {
     config: McpServerConfig,
-    conn: Mutex<Conn>,
+    state: StdMutex<State>,
+    /// How many of its tools were last left out of a turn's list (logged when it changes).
+    dropped: AtomicUsize,
+}
+
+impl Server {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The configured MCP servers and their connections. One per agent, shared by every chat.
 pub struct Hub {
-    servers: BTreeMap<String, Server>,
+    servers: BTreeMap<String, Arc<Server>>,
     timeout: Duration,
 }
 
@@ -166,9 +206,10 @@ impl Hub {
             .map(|(name, c)| {
                 let server = Server {
                     config: c.clone(),
-                    conn: Mutex::default(),
+                    state: StdMutex::new(State::Idle),
+                    dropped: AtomicUsize::new(0),
                 };
-                (name.clone(), server)
+                (name.clone(), Arc::new(server))
             })
             .collect();
         Self {
@@ -177,34 +218,61 @@ impl Hub {
         }
     }
 
+    /// Starts every server in the background (the agent does this at its own start, so
+    /// that the first turns find them ready). Must run within a Tokio runtime.
+    pub fn start_all(&self) {
+        for server in self.servers.values() {
+            let _ = self.now(server);
+        }
+    }
+
     /// Whether `name` has the form of an MCP tool of a configured server (`server__tool`).
     pub fn owns(&self, name: &str) -> bool {
         self.server_of(name).is_some()
     }
 
-    fn server_of(&self, name: &str) -> Option<&Server> {
+    fn server_of(&self, name: &str) -> Option<&Arc<Server>> {
         let (server, tool) = name.split_once(MCP_SEPARATOR)?;
         self.servers.get(server).filter(|_| !tool.is_empty())
     }
 
-    /// The tools `chat` may use, by registry name, from every server that can be reached (the
-    /// others are logged and left out).
+    /// The tools `chat` may use, by registry name, from every server that is running now, at
+    /// most [`MAX_TOOLS_PER_TURN`] in all. Never waits: a server still starting, or one that
+    /// failed to start, is left out (and started in the background when it is time to try
+    /// again), so a slow server never holds up a turn.
     pub async fn tools(&self, chat: &ChatId) -> Vec<(String, McpTool)> {
         let mut all = Vec::new();
         for server in self.servers.values().filter(|s| s.config.serves(chat)) {
-            match self.connected(server).await {
-                Ok((_, tools)) => all.extend(tools.iter().map(|(n, t)| (n.clone(), t.clone()))),
-                Err(e) => warn!(server = %server.config.name, error = %e, "MCP tools left out"),
+            let Now::Live(live) = self.now(server) else {
+                continue;
+            };
+            let room = MAX_TOOLS_PER_TURN.saturating_sub(all.len());
+            let dropped = live.tools.len().saturating_sub(room);
+            if server.dropped.swap(dropped, Ordering::Relaxed) != dropped && dropped > 0 {
+                warn!(
+                    server = %server.config.name,
+                    offered = live.tools.len(),
+                    dropped,
+                    limit = MAX_TOOLS_PER_TURN,
+                    "MCP server offers more tools than a turn may carry; the rest are left out"
+                );
             }
+            all.extend(
+                live.tools
+                    .iter()
+                    .take(room)
+                    .map(|(n, t)| (n.clone(), t.clone())),
+            );
         }
         all
     }
 
-    /// The tool `name` (`server__tool`) as `chat` may use it, connecting its server if needed.
+    /// The tool `name` (`server__tool`) as `chat` may use it, waiting for its server to start
+    /// if needed (only this caller waits).
     pub async fn tool(&self, chat: &ChatId, name: &str) -> Result<McpTool, McpError> {
         let server = self.server_for(chat, name)?;
-        let (_, tools) = self.connected(server).await?;
-        tools
+        let live = self.connected(server).await?;
+        live.tools
             .get(name)
             .cloned()
             .ok_or_else(|| McpError::UnknownTool {
@@ -213,7 +281,7 @@ impl Hub {
             })
     }
 
-    fn server_for(&self, chat: &ChatId, name: &str) -> Result<&Server, McpError> {
+    fn server_for(&self, chat: &ChatId, name: &str) -> Result<&Arc<Server>, McpError> {
         self.server_of(name)
             .filter(|s| s.config.serves(chat))
             .ok_or_else(|| {
@@ -231,7 +299,7 @@ impl Hub {
     ) -> Result<String, McpError> {
         let server = self.server_for(chat, name)?;
         let server_name = &server.config.name;
-        let (client, tools) = self.connected(server).await?;
+        let Live { client, tools } = self.connected(server).await?;
         let tool = tools.get(name).ok_or_else(|| McpError::UnknownTool {
             server: server_name.clone(),
             tool: name.to_owned(),
@@ -262,73 +330,100 @@ impl Hub {
             Err(McpError::Timeout { .. } | McpError::Gone { .. })
         ) {
             // A hung or broken server is dropped (a child process is killed with it) and
-            // started afresh on the next call.
-            let mut conn = server.conn.lock().await;
-            if conn
-                .live
-                .as_ref()
-                .is_some_and(|l| Arc::ptr_eq(&l.client, &client))
-            {
-                conn.live = None;
+            // started afresh when next needed.
+            let mut state = server.state();
+            if matches!(&*state, State::Live(l) if Arc::ptr_eq(&l.client, &client)) {
+                info!(server = %server_name, "MCP server dropped after a hung or broken call");
+                *state = State::Idle;
             }
         }
         result
     }
 
-    /// The server's live connection and tools, connecting (and listing its tools) first when
-    /// there is none.
-    async fn connected(&self, server: &Server) -> Result<(Arc<dyn McpClient>, Tools), McpError> {
-        let name = &server.config.name;
-        let mut conn = server.conn.lock().await;
-        if let Some(live) = &conn.live {
-            if !live.client.is_closed() {
-                return Ok((live.client.clone(), live.tools.clone()));
-            }
-            info!(server = %name, "MCP server connection ended; starting it again");
-            conn.live = None;
-        }
-        if let Some((at, reason)) = &conn.failed
-            && at.elapsed() < RETRY_AFTER
-        {
-            return Err(McpError::Unavailable {
-                server: name.clone(),
-                reason: reason.clone(),
-            });
-        }
-        let start = async {
-            let client = super::client::connect(&server.config).await?;
-            let tools = client.list_tools().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((client, tools))
+    /// The server's live connection, waiting for its start (begun now if needed) to end.
+    async fn connected(&self, server: &Arc<Server>) -> Result<Live, McpError> {
+        let unavailable = |reason| McpError::Unavailable {
+            server: server.config.name.clone(),
+            reason,
         };
-        let limit = self.timeout.max(MIN_START_TIMEOUT);
-        let started = match tokio::time::timeout(limit, start).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
-                "no answer within {}",
-                humantime::format_duration(limit)
-            )),
-        };
-        match started {
-            Ok((client, tools)) => {
-                let tools = Arc::new(registry_names(name, tools));
-                info!(server = %name, tools = tools.len(), "MCP server connected");
-                conn.failed = None;
-                conn.live = Some(Live {
-                    client: client.clone(),
-                    tools: tools.clone(),
-                });
-                Ok((client, tools))
-            }
-            Err(reason) => {
-                warn!(server = %name, error = %reason, "MCP server could not be started");
-                conn.failed = Some((Instant::now(), reason.clone()));
-                Err(McpError::Unavailable {
-                    server: name.clone(),
-                    reason,
-                })
-            }
+        match self.now(server) {
+            Now::Live(live) => Ok(live),
+            Now::Failed(reason) => Err(unavailable(reason)),
+            Now::Starting(start) => start.await.map_err(unavailable),
         }
     }
+
+    /// Where `server` stands, starting it in the background when it is not running and not
+    /// waiting out [`RETRY_AFTER`]. Never waits.
+    fn now(&self, server: &Arc<Server>) -> Now {
+        let name = &server.config.name;
+        let mut state = server.state();
+        match &*state {
+            State::Live(live) if !live.client.is_closed() => return Now::Live(live.clone()),
+            State::Live(_) => {
+                info!(server = %name, "MCP server connection ended; starting it again")
+            }
+            State::Starting(start) => return Now::Starting(start.clone()),
+            State::Failed { at, reason } if at.elapsed() < RETRY_AFTER => {
+                return Now::Failed(reason.clone());
+            }
+            State::Failed { .. } | State::Idle => {}
+        }
+        info!(server = %name, "MCP server starting");
+        let task = tokio::spawn(start_server(
+            server.clone(),
+            self.timeout.max(MIN_START_TIMEOUT),
+        ));
+        let start: BoxFuture<'static, Started> = Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| Err(format!("the start was abandoned ({e})")))
+        });
+        let start = start.shared();
+        *state = State::Starting(start.clone());
+        Now::Starting(start)
+    }
+}
+
+/// Starts `server` within `limit` (spawning it, the handshake, listing its tools) and records
+/// the outcome in its state, logging the change once.
+async fn start_server(server: Arc<Server>, limit: Duration) -> Started {
+    let name = &server.config.name;
+    let attempt = async {
+        let client = super::client::connect(&server.config).await?;
+        let tools = client.list_tools().await.map_err(|e| e.to_string())?;
+        Ok::<_, String>((client, tools))
+    };
+    let started = match tokio::time::timeout(limit, attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "no answer within {}",
+            humantime::format_duration(limit)
+        )),
+    };
+    let started = started.map(|(client, tools)| Live {
+        client,
+        tools: Arc::new(registry_names(name, tools)),
+    });
+    let mut state = server.state();
+    match &started {
+        Ok(live) => {
+            info!(server = %name, tools = live.tools.len(), "MCP server connected");
+            server.dropped.store(0, Ordering::Relaxed);
+            *state = State::Live(live.clone());
+        }
+        Err(reason) => {
+            warn!(
+                server = %name,
+                error = %shown_within(reason, 600),
+                "MCP server could not be started; its tools are left out"
+            );
+            *state = State::Failed {
+                at: Instant::now(),
+                reason: reason.clone(),
+            };
+        }
+    }
+    started
 }
 
 /// The registry names of a server's tools: `server__tool`, with every character an
@@ -351,12 +446,36 @@ fn registry_names(server: &str, tools: Vec<McpTool>) -> BTreeMap<String, McpTool
             .collect();
         let name = format!("{server}{MCP_SEPARATOR}{safe}");
         if safe.is_empty() || name.len() > MAX_TOOL_NAME || !taken.insert(name.clone()) {
-            warn!(server, tool = %tool.name, "MCP tool left out: its name is empty, too long or taken");
+            warn!(server, tool = %shown(&tool.name), "MCP tool left out: its name is empty, too long or taken");
             continue;
         }
         names.insert(name, tool);
     }
     names
+}
+
+/// Text a server chose (a tool name, its stderr, its own name), fit for a log line or an
+/// error: control characters escaped, so a newline cannot start a forged log line, and at
+/// most [`MAX_SHOWN`] characters, the cut marked.
+pub(super) fn shown(text: &str) -> String {
+    shown_within(text, MAX_SHOWN)
+}
+
+/// [`shown`] with its own length limit, in characters.
+pub(crate) fn shown_within(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max + 8));
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Cuts a result to [`MAX_RESULT_CHARS`], marking the cut.
@@ -397,6 +516,20 @@ mod tests {
         let keys: Vec<&str> = names.keys().map(String::as_str).collect();
         assert_eq!(keys, ["demo__echo", "demo__fs_read"]);
         assert_eq!(names["demo__fs_read"].name, "fs.read");
+    }
+
+    #[test]
+    fn server_text_is_escaped_and_cut_for_logs() {
+        assert_eq!(shown("echo"), "echo");
+        assert_eq!(
+            shown("a\nINFO forged\r\u{1b}[31m"),
+            "a\\nINFO forged\\r\\u{1b}[31m"
+        );
+        assert_eq!(shown("x\u{2028}y"), "x\\u{2028}y");
+        let long = shown(&"é".repeat(200));
+        assert_eq!(long.chars().count(), MAX_SHOWN + 1);
+        assert!(long.ends_with('…'));
+        assert_eq!(shown_within("abcdef", 3), "abc…");
     }
 
     #[test]
