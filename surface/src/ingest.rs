@@ -373,6 +373,39 @@ fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: &'static str) {
     });
 }
 
+/// Like [`notify`], for an event that may relate to another (a reaction, an edit): no thread can
+/// start from such an event (the homeserver refuses), so the notice goes to the room itself.
+fn notify_about(ctx: &Ctx, ev: &NewEvent, e: &RawEvent, text: String, kind: &'static str) {
+    if matches!(e.rel_type(), None | Some("m.thread")) {
+        return notify(ctx, ev, text, kind);
+    }
+    let Ok(room_id) = matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()) else {
+        return;
+    };
+    let Some(room) = ctx.client.get_room(&room_id) else {
+        return;
+    };
+    let about = OwnedEventId::try_from(ev.event_id.as_str()).ok();
+    let ctx2 = ctx.clone();
+    ctx.tracker.spawn(async move {
+        let txn = render::notice_txn_id(&ev_id_or_room(about.as_deref(), &room), kind);
+        let out = Outgoing {
+            txn: &txn,
+            thread_root: None,
+            about: about.as_deref(),
+            purpose: kind,
+        };
+        let content = RoomMessageEventContent::notice_plain(text);
+        if let Err(e) = send::post(&ctx2, &room, content, out).await {
+            warn!(error = %e, "could not post the {kind} notice");
+        }
+    });
+}
+
+fn ev_id_or_room(event: Option<&matrix_sdk::ruma::EventId>, room: &Room) -> String {
+    event.map_or_else(|| room.room_id().to_string(), ToString::to_string)
+}
+
 /// Chats to wake after a batch, each once.
 pub type Pokes = BTreeMap<ChatId, ChatRef>;
 
@@ -432,10 +465,11 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
                 "unencrypted event in an encrypted room: not acted on"
             );
             if ctx.bot_loops.first_notice(&ev.room_id, "plaintext") {
-                let text = "⚠️ This room is encrypted, and I do not act on messages, edits or \
-                            reactions that arrive unencrypted in it. Send from a client that \
-                            encrypts (Element does).";
-                notify(ctx, ev, text.to_owned(), "plaintext");
+                let text = "⚠️ This room is encrypted, and I act only on what arrives \
+                            encrypted in it. Reactions never are (Matrix clients send them in \
+                            clear), so to answer a prompt, reply yes, always or no; an \
+                            unencrypted message, edit or reaction is ignored here.";
+                notify_about(ctx, ev, e, text.to_owned(), "plaintext");
             }
         }
         Decision::UnverifiedApproval { request_id } => {
@@ -449,7 +483,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
             let text = "⚠️ Approvals count only from a verified session here. Verify this \
                         session (or answer from one that is), then answer the prompt again; \
                         it is still waiting.";
-            notify(ctx, ev, text.to_owned(), "approval-unverified");
+            notify_about(ctx, ev, e, text.to_owned(), "approval-unverified");
         }
         Decision::Answer(question_id) => {
             let text = decide::strip_reply_fallback(body);

@@ -126,24 +126,29 @@ async fn bearer(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Resp
                 .into_response();
         }
         let (parts, body) = req.into_parts();
-        let bytes = match tokio::time::timeout(
-            BODY_DEADLINE,
-            axum::body::to_bytes(body, MAX_BODY),
-        )
-        .await
-        {
-            Ok(Ok(bytes)) => bytes,
-            Ok(Err(_)) => {
-                debug!(max = MAX_BODY, "MCP request refused: body too large or broken");
-                return (StatusCode::PAYLOAD_TOO_LARGE, "the request body is too large\n")
-                    .into_response();
-            }
-            Err(_) => {
-                debug!("MCP request refused: its body did not arrive in time");
-                return (StatusCode::REQUEST_TIMEOUT, "the request body came too slowly\n")
-                    .into_response();
-            }
-        };
+        let bytes =
+            match tokio::time::timeout(BODY_DEADLINE, axum::body::to_bytes(body, MAX_BODY)).await {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(_)) => {
+                    debug!(
+                        max = MAX_BODY,
+                        "MCP request refused: body too large or broken"
+                    );
+                    return (
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "the request body is too large\n",
+                    )
+                        .into_response();
+                }
+                Err(_) => {
+                    debug!("MCP request refused: its body did not arrive in time");
+                    return (
+                        StatusCode::REQUEST_TIMEOUT,
+                        "the request body came too slowly\n",
+                    )
+                        .into_response();
+                }
+            };
         return next
             .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
             .await;

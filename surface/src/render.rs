@@ -371,11 +371,18 @@ fn cut_point(line: &str, room: usize) -> usize {
     }
 }
 
-/// The prompt posted for an approval request.
-pub fn approval_prompt(req: &ApprovalRequest, user_id: &str) -> String {
+/// The prompt posted for an approval request. In an encrypted room (`encrypted`) only a reply
+/// answers it: Matrix clients send reactions unencrypted, and there the bot acts only on what
+/// arrives encrypted.
+pub fn approval_prompt(req: &ApprovalRequest, user_id: &str, encrypted: bool) -> String {
+    let how = if encrypted {
+        "reply **yes** (once), **always** or **no** (reactions are not encrypted, so in this \
+         encrypted room only a reply counts)"
+    } else {
+        "react ✅ (once), ♾️ (always) or ❌ (no), or reply **yes**, **always** or **no**"
+    };
     format!(
-        "**Approval needed** for {} on {}: {}\n\n{}, react ✅ (once), ♾️ (always) or ❌ (no), \
-         or reply **yes**, **always** or **no**.",
+        "**Approval needed** for {} on {}: {}\n\n{}, {how}.",
         code_span(&req.tool),
         code_span(&req.resource),
         req.summary,
@@ -548,8 +555,10 @@ mod tests {
             resource: "x".into(),
             summary: "Do x".into(),
         };
-        let p = approval_prompt(&req, "@alice:hs");
+        let p = approval_prompt(&req, "@alice:hs", false);
         assert!(p.contains("yes") && p.contains("always") && p.contains("✅"));
+        let e = approval_prompt(&req, "@alice:hs", true);
+        assert!(e.contains("yes") && e.contains("only a reply counts") && !e.contains("✅"));
         assert!(
             p.contains("[@alice:hs](https://matrix.to/#/@alice:hs)"),
             "{p}"

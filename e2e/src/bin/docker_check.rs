@@ -203,9 +203,9 @@ async fn send_file(env: &Env, state: &Path, file: &Path) -> Result<()> {
         |m| m.body.contains(&digest),
     )
     .await?;
-    // Replies name files for people; the workspace path is in the `files` listing.
+    // Replies name files for people; the workspace path is in the `files paths` listing.
     let _ = reply;
-    let files = me.send_text(&room, "files").await?;
+    let files = me.send_text(&room, "files paths").await?;
     let listing = wait_for(env, &me, &room, &files, "the files listing", |m| {
         m.body.contains("surfaces/matrix/") && m.body.contains(&name)
     })

@@ -23,16 +23,25 @@ struct Dm {
 }
 
 impl Dm {
+    /// An encrypted DM, as Element makes them.
     async fn start() -> Self {
+        Self::start_in(true).await
+    }
+
+    /// A DM with encryption on (`encrypted`) or off: reactions, which clients send unencrypted,
+    /// answer prompts only in the second.
+    async fn start_in(encrypted: bool) -> Self {
         let hs = Homeserver::from_env();
         let stack = Stack::start(&hs, StackOptions::default())
             .await
             .expect("stack");
         let user = E2eeUser::register(&hs, "prompts").await.expect("user");
-        let room = user
-            .create_encrypted_dm(&stack.bot.user_id)
-            .await
-            .expect("DM");
+        let room = if encrypted {
+            user.create_encrypted_dm(&stack.bot.user_id).await
+        } else {
+            user.create_unencrypted_dm(&stack.bot.user_id).await
+        }
+        .expect("DM");
         user.wait_joined(&room, &stack.bot.user_id, TURN)
             .await
             .expect("join");
@@ -155,7 +164,8 @@ impl Dm {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn approvals_by_reaction_and_a_file_while_a_prompt_waits() {
-    let dm = Dm::start().await;
+    // Reactions answer prompts where the room is not encrypted (clients never encrypt them).
+    let dm = Dm::start_in(false).await;
     let bot = dm.stack.bot.user_id.clone();
 
     // ✅ on the prompt approves once; the prompt then shows the outcome.
@@ -368,7 +378,8 @@ async fn a_redacted_file_leaves_the_inbox_and_the_agent_is_told() {
 async fn a_prompt_still_works_after_either_process_restarts() {
     let mut dm = Dm::start().await;
 
-    // The surface is killed while a prompt waits; the reaction comes after it is back.
+    // The surface is killed while a prompt waits; the answer (typed: this room is encrypted)
+    // comes after it is back.
     let ask = dm
         .user
         .send_text(&dm.room, "approve across restarts")
@@ -380,7 +391,8 @@ async fn a_prompt_still_works_after_either_process_restarts() {
     dm.stack.surface.kill9().await;
     dm.stack.surface.start().unwrap();
     dm.stack.wait_surface_healthy().await;
-    dm.react(&prompt.event_id, "✅").await;
+    let _ = &prompt;
+    dm.user.send_text(&dm.room, "yes").await.unwrap();
     dm.wait_bot(&ask, "the approval after a surface restart", |m| {
         m.body.contains("Approved: `across restarts`")
     })
@@ -402,7 +414,8 @@ async fn a_prompt_still_works_after_either_process_restarts() {
     dm.stack.agent.start().unwrap();
     dm.stack.wait_agent_healthy().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    dm.react(&prompt2.event_id, "✅").await;
+    let _ = &prompt2;
+    dm.user.send_text(&dm.room, "yes").await.unwrap();
     dm.wait_bot(&ask2, "the approval after an agent restart", |m| {
         m.body.contains("Approved: `after agent restart`")
     })
@@ -421,7 +434,8 @@ async fn a_prompt_still_works_after_either_process_restarts() {
             m.body.contains("Approval needed")
         })
         .await;
-    dm.react(&prompt3.event_id, "♾️").await;
+    let _ = &prompt3;
+    dm.user.send_text(&dm.room, "always").await.unwrap();
     dm.wait_bot(&ask3, "always", |m| m.body.contains("Approved: `forever`"))
         .await;
     dm.stack.agent.kill9().await;
@@ -457,14 +471,14 @@ async fn in_an_encrypted_room_what_arrives_unencrypted_is_not_acted_on() {
             m.body.contains("Approval needed")
         })
         .await;
-    // A ✅ sent in clear through the API (no client shows it as trusted).
-    let plain_reaction = dm
-        .send_plaintext(
-            "m.reaction",
-            serde_json::json!({"m.relates_to": {
-                "rel_type": "m.annotation", "event_id": prompt.event_id, "key": "✅"}}),
-        )
-        .await;
+    assert!(
+        prompt.body.contains("only a reply counts") && !prompt.body.contains("✅"),
+        "an encrypted room's prompt asks for a reply: {}",
+        prompt.body
+    );
+    // A ✅ as Element and matrix-sdk send it: unencrypted (so anyone able to talk to the
+    // homeserver as a member could forge it).
+    dm.react(&prompt.event_id, "✅").await;
     let notice = dm
         .user
         .wait_for(TURN, "the notice about unencrypted events", || async {
@@ -473,17 +487,21 @@ async fn in_an_encrypted_room_what_arrives_unencrypted_is_not_acted_on() {
                 .await
                 .ok()?
                 .into_iter()
-                .find(|m| m.msgtype == "m.notice" && m.body.contains("arrive unencrypted"))
+                .find(|m| m.msgtype == "m.notice" && m.body.contains("arrives encrypted"))
         })
         .await
         .unwrap_or_else(|e| {
             dm.stack.dump();
             panic!("{e}")
         });
-    assert_eq!(notice.in_reply_to.as_deref(), Some(plain_reaction.as_str()));
+    assert!(notice.body.contains("reply yes"), "{}", notice.body);
     // The notice comes after the reaction was judged: it approved nothing.
-    let approved = dm.count_answers(&ask, "Approved").await;
-    assert_eq!(approved, 0, "a plaintext ✅ approves nothing");
+    assert_eq!(dm.count_answers(&ask, "Approved").await, 0);
+    assert_eq!(
+        dm.reactions_from(&prompt.event_id, &bot).await,
+        0,
+        "none seeded"
+    );
     assert!(
         dm.stack
             .surface
@@ -498,8 +516,8 @@ async fn in_an_encrypted_room_what_arrives_unencrypted_is_not_acted_on() {
             serde_json::json!({"msgtype": "m.text", "body": "approve everything"}),
         )
         .await;
-    // The encrypted ✅ of the asked user approves, as always.
-    dm.react(&prompt.event_id, "✅").await;
+    // The asked user's encrypted reply approves.
+    dm.user.send_text(&dm.room, "yes").await.unwrap();
     dm.wait_bot(&ask, "the approved answer", |m| {
         m.body.contains("Approved: `plain`")
     })
@@ -507,7 +525,7 @@ async fn in_an_encrypted_room_what_arrives_unencrypted_is_not_acted_on() {
     let from_bot = dm.user.messages_from(&dm.room, &bot).await.unwrap();
     let notices = from_bot
         .iter()
-        .filter(|m| m.body.contains("arrive unencrypted"))
+        .filter(|m| m.body.contains("arrives encrypted"))
         .count();
     assert_eq!(notices, 1, "told once");
     assert!(

@@ -431,12 +431,17 @@ impl Lane {
             link: self.link.clone(),
             prompt_event: None,
         });
-        let text = render::approval_prompt(&r, &turn.user);
+        // Reactions arrive unencrypted, and an encrypted room acts only on encrypted events: no
+        // answers to tap there.
+        let encrypted = self.room.encryption_state().is_encrypted();
+        let text = render::approval_prompt(&r, &turn.user, encrypted);
         let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
         if let Some(prompt) = self.post(turn, content, "approval").await {
             turn.progress.awaiting_user();
             waits.set_prompt_event(&r.request_id, prompt.as_str());
-            prompts::seed_reactions(&self.ctx, &self.room, &prompt).await;
+            if !encrypted {
+                prompts::seed_reactions(&self.ctx, &self.room, &prompt).await;
+            }
         }
         self.spawn_timeout(turn, r.request_id, true);
     }

@@ -59,11 +59,7 @@ pub async fn visible_rooms(ctx: &Ctx) -> Vec<Room> {
 /// The thread a client asks to post in: an event id of `room` itself (the journal knows, or
 /// the homeserver shows it in that room), so that no post can be aimed at another room's
 /// event, which the homeserver would refuse and the surface would park.
-async fn thread(
-    ctx: &Ctx,
-    room: &Room,
-    root: Option<&str>,
-) -> Result<Option<ReplyTarget>, String> {
+async fn thread(ctx: &Ctx, room: &Room, root: Option<&str>) -> Result<Option<ReplyTarget>, String> {
     let Some(r) = root else { return Ok(None) };
     let id = EventId::parse(r).map_err(|_| format!("thread_root {r} is not an event id"))?;
     let here = room.room_id().as_str();
