@@ -76,10 +76,44 @@ pub struct Link {
     pub limits: Limits,
 }
 
+/// The most answer text one `text_chunk` carries, so that a frame stays far below the surface's
+/// message limit (`protocol::MAX_MESSAGE_BYTES`) whatever a brain says at once.
+pub const MAX_TEXT_CHUNK: usize = 16 * 1024;
+
+/// `text` cut into pieces of at most `max` bytes, at character boundaries (pure).
+pub fn text_pieces(text: &str, max: usize) -> impl Iterator<Item = &str> {
+    let max = max.max(4);
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut cut = rest.len().min(max);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
+}
+
 impl Link {
     /// Sends a message to the surface.
     pub async fn emit(&self, msg: impl Into<ToSurface>) -> Result<(), Closed> {
         self.out.send(&msg.into()).await
+    }
+
+    /// Sends answer text of `turn`, in pieces of at most [`MAX_TEXT_CHUNK`] bytes.
+    pub async fn emit_text(&self, turn: &str, text: &str) -> Result<(), Closed> {
+        for piece in text_pieces(text, MAX_TEXT_CHUNK) {
+            self.emit(protocol::TextChunk {
+                turn: turn.to_owned(),
+                text: piece.to_owned(),
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     /// Asks the user; `None` when no answer came within the ask timeout.
@@ -182,5 +216,23 @@ impl Link {
                 Ok(None)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_cut_at_character_boundaries_within_the_bound() {
+        let text = format!("{}é{}", "a".repeat(9), "€".repeat(5));
+        let pieces: Vec<&str> = text_pieces(&text, 10).collect();
+        assert_eq!(pieces.concat(), text, "nothing lost or doubled");
+        assert!(pieces.iter().all(|p| p.len() <= 10 && !p.is_empty()), "{pieces:?}");
+        assert_eq!(pieces[0], "a".repeat(9), "é is not split");
+        assert_eq!(text_pieces("", 10).count(), 0);
+        let big = "x".repeat(1024 * 1024 - 1024);
+        assert!(text_pieces(&big, MAX_TEXT_CHUNK).all(|p| p.len() <= MAX_TEXT_CHUNK));
+        assert_eq!(text_pieces(&big, MAX_TEXT_CHUNK).count(), big.len().div_ceil(MAX_TEXT_CHUNK));
     }
 }

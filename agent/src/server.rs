@@ -215,6 +215,43 @@ async fn serve_connection(
     drop(pending);
 }
 
+/// Refused upgrades: one WARN line a minute at most.
+static REFUSALS: LogBudget = LogBudget::new(Duration::from_secs(60));
+
+/// At most one log line per `every`; the ones held back are counted and reported with the next.
+#[derive(Debug)]
+pub struct LogBudget {
+    every: Duration,
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl LogBudget {
+    /// A budget of one line per `every`.
+    pub const fn new(every: Duration) -> Self {
+        Self {
+            every,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// At `now`: `Some(held back since the last line)` when a line may be written, else `None`
+    /// (and this one is counted).
+    pub fn take(&self, now: std::time::Instant) -> Option<u64> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match s.0 {
+            Some(last) if now.duration_since(last) < self.every => {
+                s.1 += 1;
+                None
+            }
+            _ => {
+                let held = std::mem::take(&mut s.1);
+                s.0 = Some(now);
+                Some(held)
+            }
+        }
+    }
+}
+
 async fn agent_ws(
     State(state): State<AppState>,
     Path(chat_id): Path<String>,
@@ -222,7 +259,15 @@ async fn agent_ws(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     if !authorized(&headers, &state.config.token) {
-        warn!("refused a connection without a valid token");
+        // A stranger must not decide how much the log grows: one line a minute, with a count.
+        match REFUSALS.take(std::time::Instant::now()) {
+            Some(0) => warn!("refused a connection without a valid token"),
+            Some(more) => warn!(
+                also_refused = more,
+                "refused a connection without a valid token (and others since the last line)"
+            ),
+            None => debug!("refused a connection without a valid token"),
+        }
         return (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -231,7 +276,10 @@ async fn agent_ws(
             .into_response();
     }
     if headers.contains_key(header::ORIGIN) {
-        warn!("refused a browser connection (Origin header)");
+        match REFUSALS.take(std::time::Instant::now()) {
+            Some(_) => warn!("refused a browser connection (Origin header)"),
+            None => debug!("refused a browser connection (Origin header)"),
+        }
         return (StatusCode::FORBIDDEN, "browser origins are not allowed").into_response();
     }
     let Ok(chat_id) = ChatId::new(chat_id) else {
@@ -268,6 +316,19 @@ mod tests {
     use axum::http::HeaderValue;
 
     use super::*;
+
+    #[test]
+    fn refusals_write_one_line_a_minute_and_count_the_rest() {
+        let budget = LogBudget::new(Duration::from_secs(60));
+        let t0 = std::time::Instant::now();
+        assert_eq!(budget.take(t0), Some(0));
+        let held: Vec<Option<u64>> = (1..=1000)
+            .map(|i| budget.take(t0 + Duration::from_millis(i)))
+            .collect();
+        assert!(held.iter().all(Option::is_none), "1000 refusals in a second: no line");
+        assert_eq!(budget.take(t0 + Duration::from_secs(61)), Some(1000));
+        assert_eq!(budget.take(t0 + Duration::from_secs(62)), None);
+    }
 
     #[test]
     fn model_server_urls_lose_their_credentials() {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use protocol::{SendFile, TextChunk, WorkspacePath};
+use protocol::{SendFile, WorkspacePath};
 
 use crate::confine::{ChatScope, ConfineError, ScopedWorkspace};
 use crate::connection::Closed;
@@ -100,12 +100,7 @@ impl TurnIo {
             return Ok(());
         }
         self.output.push_str(&text);
-        self.link
-            .emit(TextChunk {
-                turn: self.turn.clone(),
-                text,
-            })
-            .await
+        self.link.emit_text(&self.turn, &text).await
     }
 
     /// Calls a tool through the registry (policy, approval, reporting included).

@@ -82,7 +82,7 @@ pub const VARS: &[Var] = &[
     Var::new(
         "AGENT_MAX_PENDING_PER_IP",
         "16",
-        "of those, from one address",
+        "of those, from one address (an IPv6 /64 counts as one)",
     ),
     Var::new(
         "AGENT_APPROVAL_TIMEOUT",

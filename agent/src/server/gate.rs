@@ -1,8 +1,11 @@
 //! Admission of connections that have not upgraded yet: a cap over all peers and one per peer
-//! address, so that sockets nobody authenticated cannot use up the descriptors the surface
-//! needs. When every place is taken, a newcomer takes the oldest place of the busiest peer if
-//! that peer holds more places than the newcomer would: a flood from a few addresses cannot
-//! keep the surface's own connection out. Upgraded sessions hold no place here.
+//! (an IPv4 address, or an IPv6 /64: one host owns a whole /64), so that sockets nobody
+//! authenticated cannot use up the descriptors the surface needs. A newcomer is never refused:
+//! at its peer's cap it takes that peer's oldest place; when every place is taken, it takes the
+//! oldest place of the busiest peer if that peer holds more places than the newcomer would,
+//! else the oldest place of all. A surface's handshake takes milliseconds, so the oldest
+//! places are the silent ones: a flood from a few addresses, or from many, cannot keep the
+//! surface's own connection out. Upgraded sessions hold no place here.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -27,21 +30,30 @@ struct Places {
     peers: HashMap<IpAddr, VecDeque<(u64, CancellationToken)>>,
 }
 
-/// Why a connection was turned away.
+/// Why a connection was turned away: only a gate with no places at all refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
-    /// Every place is taken and no peer holds more of them than this one would.
+    /// The gate has no places (a cap of 0).
     Full,
-    /// This peer address already holds `AGENT_MAX_PENDING_PER_IP` places.
-    PeerFull,
 }
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Full => "too many connections have not upgraded yet",
-            Self::PeerFull => "this peer has too many connections that have not upgraded yet",
+            Self::Full => "no connection may wait to upgrade",
         })
+    }
+}
+
+/// The peer a connection counts for: its IPv4 address (also when it arrives on a dual-stack
+/// socket), or the /64 of its IPv6 address.
+pub fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let net = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(net.into())
+        }
+        v4 => v4,
     }
 }
 
@@ -64,17 +76,20 @@ impl Gate {
         }
     }
 
-    /// Takes a place for a connection from `ip`, or says why there is none.
+    /// Takes a place for a connection from `ip` (closing an older one when needed).
     pub fn admit(&self, ip: IpAddr) -> Result<Pending, Refused> {
-        // An IPv4 peer on a dual-stack socket must count as the same address.
-        let ip = ip.to_canonical();
+        if self.max == 0 || self.max_per_ip == 0 {
+            return Err(Refused::Full);
+        }
+        let ip = peer_of(ip);
         let mut places = lock(&self.places);
-        let own = places.peers.get(&ip).map_or(0, VecDeque::len);
+        let mut own = places.peers.get(&ip).map_or(0, VecDeque::len);
         if own >= self.max_per_ip {
-            return Err(Refused::PeerFull);
+            places.evict_oldest_of(ip);
+            own -= 1;
         }
         if places.total >= self.max {
-            places.evict_for(own)?;
+            places.evict_for(own);
         }
         let id = places.next_id;
         places.next_id += 1;
@@ -95,25 +110,40 @@ impl Gate {
 }
 
 impl Places {
-    /// Frees the oldest place of the busiest peer if it holds more than `own + 1` places
-    /// (what the newcomer's peer would hold), so the flood gives way, not the lone client.
-    fn evict_for(&mut self, own: usize) -> Result<(), Refused> {
-        let (&victim, held) = self
+    /// Frees a place for a newcomer whose peer holds `own`: the oldest place of the busiest
+    /// peer if it holds more than `own + 1` (so the flood gives way, not the lone client),
+    /// else the oldest place of all.
+    fn evict_for(&mut self, own: usize) {
+        let busiest = self
             .peers
-            .iter_mut()
+            .iter()
             .max_by_key(|(_, held)| held.len())
-            .ok_or(Refused::Full)?;
-        if held.len() <= own + 1 {
-            return Err(Refused::Full);
+            .filter(|(_, held)| held.len() > own + 1)
+            .map(|(peer, _)| *peer);
+        let oldest = || {
+            self.peers
+                .iter()
+                .filter_map(|(peer, held)| held.front().map(|(id, _)| (*id, *peer)))
+                .min()
+                .map(|(_, peer)| peer)
+        };
+        if let Some(victim) = busiest.or_else(oldest) {
+            self.evict_oldest_of(victim);
         }
+    }
+
+    /// Closes the oldest waiting connection of `peer`.
+    fn evict_oldest_of(&mut self, peer: IpAddr) {
+        let Some(held) = self.peers.get_mut(&peer) else {
+            return;
+        };
         if let Some((_, token)) = held.pop_front() {
             token.cancel();
             self.total -= 1;
         }
         if held.is_empty() {
-            self.peers.remove(&victim);
+            self.peers.remove(&peer);
         }
-        Ok(())
     }
 }
 
@@ -166,12 +196,16 @@ mod tests {
         let gate = Gate::new(8, 2);
         let a1 = gate.admit(ip(1)).expect("first from a");
         let a2 = gate.admit(ip(1)).expect("second from a");
-        // The same address over IPv6 (dual-stack) counts as the same peer.
+        // The same address over IPv6 (dual-stack) counts as the same peer: at its cap, its
+        // oldest place goes.
         let mapped = IpAddr::V6(Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0x0a00, 0x0001]));
-        assert_eq!(gate.admit(mapped).unwrap_err(), Refused::PeerFull);
+        let a3 = gate.admit(mapped).expect("the peer's oldest gives way");
+        assert!(is_evicted(&a1) && !is_evicted(&a2));
         drop(a1);
-        let a3 = gate.admit(ip(1)).expect("a place was freed");
-        drop((a2, a3));
+        assert_eq!(lock(&gate.places).total, 2);
+        drop(a2);
+        let a4 = gate.admit(ip(1)).expect("a place was freed");
+        drop((a3, a4));
         let places = lock(&gate.places);
         assert_eq!(places.total, 0);
         assert!(places.peers.is_empty(), "no address is remembered");
@@ -186,23 +220,49 @@ mod tests {
         let c1 = gate.admit(ip(3)).expect("the flood gives way");
         assert!(is_evicted(&flood[0]));
         assert!(!is_evicted(&flood[1]) && !is_evicted(&b1));
-        // Now ip(1) holds 2, ip(2) 1, ip(3) 1: another ip(2) would hold 2 as well, so no.
-        assert_eq!(gate.admit(ip(2)).unwrap_err(), Refused::Full);
-        // A fresh peer still gets in at the flood's expense.
-        let d1 = gate.admit(ip(4)).expect("the flood gives way again");
-        assert!(is_evicted(&flood[1]));
+        // Now ip(1) holds 2, ip(2) 1, ip(3) 1: another ip(2) would hold 2 as well, so the
+        // oldest place of all goes (the flood's second).
+        let b2 = gate.admit(ip(2)).expect("the oldest gives way");
+        assert!(is_evicted(&flood[1]) && !is_evicted(&b1));
+        // A fresh peer still gets in: the flood's last one is now the oldest.
+        let d1 = gate.admit(ip(4)).expect("the oldest gives way again");
+        assert!(is_evicted(&flood[2]) && !is_evicted(&b1));
         // Dropping evicted connections frees nothing twice.
         drop(flood);
-        assert_eq!(lock(&gate.places).total, 3);
-        drop((b1, c1, d1));
+        assert_eq!(lock(&gate.places).total, 4);
+        drop((b1, b2, c1, d1));
         assert_eq!(lock(&gate.places).total, 0);
     }
 
     #[test]
-    fn equals_do_not_evict_each_other() {
-        let gate = Gate::new(2, 2);
-        let _a = gate.admit(ip(1)).unwrap();
-        let _b = gate.admit(ip(2)).unwrap();
-        assert_eq!(gate.admit(ip(3)).unwrap_err(), Refused::Full);
+    fn many_addresses_cannot_keep_a_newcomer_out() {
+        // 200 addresses holding one place each (the probe's attack): every newcomer gets in,
+        // at the oldest one's expense.
+        let gate = Gate::new(32, 4);
+        let flood: Vec<Pending> = (0..200u8)
+            .map(|i| gate.admit([127, 0, 2, i].into()).unwrap())
+            .collect();
+        let surface = gate.admit(ip(9)).expect("the surface gets a place");
+        assert!(!is_evicted(&surface));
+        assert_eq!(flood.iter().filter(|p| !is_evicted(p)).count(), 31);
+        assert_eq!(lock(&gate.places).total, 32);
+        assert_eq!(Gate::new(0, 1).admit(ip(1)).unwrap_err(), Refused::Full);
+    }
+
+    #[test]
+    fn an_ipv6_host_is_its_slash_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(peer_of(a), peer_of(b));
+        assert_ne!(peer_of(a), peer_of(other));
+        assert_eq!(peer_of(ip(1)), ip(1));
+        let gate = Gate::new(8, 2);
+        let first = gate.admit(a).unwrap();
+        let _second = gate.admit(b).unwrap();
+        let _third = gate.admit("2001:db8:1:2::3".parse().unwrap()).unwrap();
+        assert!(is_evicted(&first), "the /64 holds at most 2 places");
+        let _elsewhere = gate.admit(other).unwrap();
+        assert_eq!(lock(&gate.places).total, 3);
     }
 }

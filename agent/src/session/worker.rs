@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use protocol::{End, EndStatus, TextChunk};
+use protocol::{End, EndStatus};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, instrument};
@@ -212,9 +212,6 @@ fn end_status(status: TurnStatus) -> EndStatus {
     }
 }
 
-/// Largest text chunk of a replayed answer, well below the message size limit.
-const REPLAY_CHUNK: usize = 16 * 1024;
-
 /// Sends the stored answer of a finished turn again. The surface resends turns it never saw
 /// end (the connection that carried the answer may have died with it); its sends are
 /// idempotent per turn and output index, so a repeated answer is not posted twice.
@@ -229,21 +226,8 @@ async fn replay(chat: &Chat, link: &Link, id: &str) {
         }
     };
     info!(status = ?turn.status, "replaying the stored answer of a finished turn");
-    let mut rest = turn.output.as_str();
-    while !rest.is_empty() {
-        let mut cut = rest.len().min(REPLAY_CHUNK);
-        while !rest.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let (piece, tail) = rest.split_at(cut);
-        rest = tail;
-        let chunk = TextChunk {
-            turn: id.to_owned(),
-            text: piece.to_owned(),
-        };
-        if link.emit(chunk).await.is_err() {
-            return;
-        }
+    if link.emit_text(id, &turn.output).await.is_err() {
+        return;
     }
     let _ = link
         .emit(End {

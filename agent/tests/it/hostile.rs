@@ -168,6 +168,30 @@ async fn a_flood_of_idle_sockets_does_not_keep_the_surface_out() {
 }
 
 #[tokio::test]
+async fn idle_sockets_from_many_addresses_do_not_keep_handshakes_out() {
+    // The probe's attack: 200 addresses holding one silent socket each. Every place is taken,
+    // no address holds more than one, and yet each new surface connection gets in (the oldest
+    // waiting socket gives way).
+    let agent = TestAgent::start_with(|c| c.limits.head_timeout = Duration::from_secs(60)).await;
+    let mut flood = Vec::new();
+    for i in 0..200u8 {
+        flood.push(connect_from(Ipv4Addr::new(127, 0, 2, 1 + i), agent.addr).await);
+    }
+    let mut served = 0;
+    for n in 0..10u64 {
+        let chat = protocol::ChatId::for_conversation(&format!("!many{n}:hs"), None);
+        let (mut c, _) = agent.connect(&chat).await;
+        let t = c.turn(message(1, &format!("$many{n}"), "help")).await;
+        if t.end().status == EndStatus::Completed {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 10, "every handshake beside 200 silent addresses");
+    let open = flood.iter().filter(|s| !is_closed(s)).count();
+    println!("handshakes beside 200 one-socket addresses: {served}/10, {open} idle sockets left");
+}
+
+#[tokio::test]
 async fn test_hooks_are_unknown_commands_by_default() {
     let agent = TestAgent::start_with(|c| c.test_hooks = false).await;
     let (mut c, _) = agent.connect(&chat()).await;

@@ -416,3 +416,28 @@ async fn denied_tools_return_an_error_to_the_brain() {
     );
     assert!(!agent.ws_path(&format!("chats/{}/a.txt", chat())).exists());
 }
+
+/// A long answer (the builtin brain quotes a 900 KiB message back) reaches the surface in
+/// chunks far below its frame limit, and whole.
+#[tokio::test]
+async fn a_long_answer_streams_in_bounded_chunks() {
+    let agent = TestAgent::start().await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let long = "word ".repeat(900 * 1024 / 5);
+    let t = c.turn(message(1, "$m1", &long)).await;
+    let chunks: Vec<usize> = t
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            ToSurface::TextChunk(c) => Some(c.text.len()),
+            _ => None,
+        })
+        .collect();
+    assert!(t.text().contains(long.trim()), "the whole text came back");
+    let largest = chunks.iter().max().copied().unwrap_or_default();
+    assert!(
+        largest <= agent::link::MAX_TEXT_CHUNK,
+        "largest chunk {largest} bytes"
+    );
+    assert!(chunks.len() > 50, "{} chunks", chunks.len());
+}
