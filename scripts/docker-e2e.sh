@@ -287,6 +287,21 @@ dc exec -T agent sh -c 'cat /workspace/.e2e-perm-probe && echo from-agent >> /wo
 dc exec -T surface rm -f /workspace/.e2e-perm-probe
 ok "surface and agent read and write each other's files in the workspace volume"
 
+# Both run confined: a read-only root file system (only the volumes and /tmp are writable), no
+# capabilities, no privilege gain, and no setuid or setgid program left in the image.
+for s in agent surface; do
+    dc exec -T "$s" sh -c 'touch /usr/local/bin/.probe' 2>/dev/null \
+        && die "$s: the root file system is writable"
+    dc exec -T "$s" sh -c 'touch /tmp/.probe && rm /tmp/.probe' || die "$s: /tmp is not writable"
+    caps="$(dc exec -T "$s" sh -c 'grep -E "^Cap(Eff|Prm|Bnd):" /proc/1/status | cut -f2 | sort -u' | tr -d '\r')"
+    [ "$caps" = 0000000000000000 ] || die "$s: PID 1 has capabilities: $caps"
+    nnp="$(dc exec -T "$s" sh -c 'grep "^NoNewPrivs:" /proc/1/status | cut -f2' | tr -d '\r')"
+    [ "$nnp" = 1 ] || die "$s: no_new_privs is not set"
+    setuid="$(dc exec -T "$s" sh -c 'find / -xdev -perm /6000 -type f 2>/dev/null' | tr -d '\r')"
+    [ -z "$setuid" ] || die "$s: setuid/setgid programs in the image: $setuid"
+done
+ok "agent and surface run read-only, without capabilities or privilege gain, and without setuid programs"
+
 # A file sent as m.file reaches the volume with the exact bytes, and the reply arrives.
 python3 -c 'import os,sys; open(sys.argv[1],"wb").write(b"docker e2e line one\nline two\n" + os.urandom(16).hex().encode() + b"\n")' "$WORK/report.txt"
 sent="$(chk send-file "$WORK/report.txt")"

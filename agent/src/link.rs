@@ -228,11 +228,17 @@ mod tests {
         let text = format!("{}é{}", "a".repeat(9), "€".repeat(5));
         let pieces: Vec<&str> = text_pieces(&text, 10).collect();
         assert_eq!(pieces.concat(), text, "nothing lost or doubled");
-        assert!(pieces.iter().all(|p| p.len() <= 10 && !p.is_empty()), "{pieces:?}");
+        assert!(
+            pieces.iter().all(|p| p.len() <= 10 && !p.is_empty()),
+            "{pieces:?}"
+        );
         assert_eq!(pieces[0], "a".repeat(9), "é is not split");
         assert_eq!(text_pieces("", 10).count(), 0);
         let big = "x".repeat(1024 * 1024 - 1024);
         assert!(text_pieces(&big, MAX_TEXT_CHUNK).all(|p| p.len() <= MAX_TEXT_CHUNK));
-        assert_eq!(text_pieces(&big, MAX_TEXT_CHUNK).count(), big.len().div_ceil(MAX_TEXT_CHUNK));
+        assert_eq!(
+            text_pieces(&big, MAX_TEXT_CHUNK).count(),
+            big.len().div_ceil(MAX_TEXT_CHUNK)
+        );
     }
 }

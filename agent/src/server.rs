@@ -325,7 +325,10 @@ mod tests {
         let held: Vec<Option<u64>> = (1..=1000)
             .map(|i| budget.take(t0 + Duration::from_millis(i)))
             .collect();
-        assert!(held.iter().all(Option::is_none), "1000 refusals in a second: no line");
+        assert!(
+            held.iter().all(Option::is_none),
+            "1000 refusals in a second: no line"
+        );
         assert_eq!(budget.take(t0 + Duration::from_secs(61)), Some(1000));
         assert_eq!(budget.take(t0 + Duration::from_secs(62)), None);
     }

@@ -178,10 +178,9 @@ async fn idle_sockets_from_many_addresses_do_not_keep_handshakes_out() {
         flood.push(connect_from(Ipv4Addr::new(127, 0, 2, 1 + i), agent.addr).await);
     }
     let mut served = 0;
-    for n in 0..10u64 {
-        let chat = protocol::ChatId::for_conversation(&format!("!many{n}:hs"), None);
-        let (mut c, _) = agent.connect(&chat).await;
-        let t = c.turn(message(1, &format!("$many{n}"), "help")).await;
+    for n in 1..=10u64 {
+        let (mut c, _) = agent.connect(&chat()).await;
+        let t = c.turn(message(n, &format!("$many{n}"), "help")).await;
         if t.end().status == EndStatus::Completed {
             served += 1;
         }

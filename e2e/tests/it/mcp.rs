@@ -117,7 +117,10 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
     let mcp_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let head = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaa\r\n";
     let slow = e2e::attack::slow_loris(mcp_addr, head, Duration::from_millis(200), TURN).await;
-    assert!(slow.is_some(), "a slow request head on the MCP port is closed");
+    assert!(
+        slow.is_some(),
+        "a slow request head on the MCP port is closed"
+    );
     let flood = e2e::attack::idle_sockets(mcp_addr, 300, 20).await;
     let served = http
         .post(&url)
