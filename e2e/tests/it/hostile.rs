@@ -99,6 +99,13 @@ async fn hostile_inputs_get_nothing() {
     };
     opts.agent_env
         .insert("AGENT_MAX_FILE_SIZE".into(), format!("{MAX_FILE}"));
+    // The MCP port is attacked too.
+    let mcp_port = e2e::procs::free_port();
+    let mcp_token = "hostile-mcp-token-0123456789abcdef";
+    opts.surface_env
+        .insert("SURFACE_MCP_BIND".into(), format!("127.0.0.1:{mcp_port}"));
+    opts.surface_env
+        .insert("SURFACE_MCP_TOKEN".into(), mcp_token.into());
     let mut stack = Stack::start(&hs, opts).await.expect("stack starts");
     let outside = stack.workspace.parent().unwrap().to_path_buf();
     let mut canary = Canary::plant(&outside).expect("canary");
@@ -113,7 +120,11 @@ async fn hostile_inputs_get_nothing() {
 
     paths::through_the_room(&stack, &attacker, &other, &canary, &mut tally).await;
     let raced = paths::raced_under_the_agent(&stack, &canary, &mut tally).await;
-    let during = sockets::attack_both_ports(&stack, &other, &mut tally).await;
+    let mcp = sockets::Mcp {
+        addr: ([127, 0, 0, 1], mcp_port).into(),
+        token: mcp_token,
+    };
+    let during = sockets::attack_every_port(&stack, &mcp, &other, &mut tally).await;
     let names = names::hostile_names(&stack, &attacker).await;
     sizes::lies_and_a_full_disk(&stack, &attacker, &mut tally).await;
 

@@ -1,6 +1,7 @@
-//! A stranger on the network against both listening ports (the agent's WebSocket server and
-//! the surface's health endpoint): bad credentials, a browser's `Origin`, frames no surface
-//! sends, slow request heads and hundreds of idle sockets, while another user's chat is timed.
+//! A stranger on the network against every listening port (the agent's WebSocket server, the
+//! surface's health endpoint and its MCP server): bad credentials, a browser's `Origin`, frames
+//! no surface sends, slow request heads, huge bodies and hundreds of idle sockets, while
+//! another user's chat is timed.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,9 +23,16 @@ fn addr(url: &str) -> SocketAddr {
     url.trim_start_matches("http://").parse().unwrap()
 }
 
+/// The surface's MCP port and its token.
+pub struct Mcp<'a> {
+    pub addr: SocketAddr,
+    pub token: &'a str,
+}
+
 /// Runs every attack while `other`'s chat is probed; returns the probes' round trips.
-pub async fn attack_both_ports(
+pub async fn attack_every_port(
     stack: &Stack,
+    mcp: &Mcp<'_>,
     other: &Room,
     tally: &mut Tally,
 ) -> Vec<std::time::Duration> {
@@ -39,6 +47,7 @@ pub async fn attack_both_ports(
     };
     let attacks = async {
         attacks(stack, tally).await;
+        mcp_attacks(mcp, tally).await;
         done.store(true, Ordering::Relaxed);
     };
     let ((), during) = tokio::join!(attacks, probes);
@@ -226,4 +235,102 @@ async fn frames(base: &str, token: &str, tally: &mut Tally) {
         .turn(1, "$twice1", "help")
         .await
         .expect("the newer connection works");
+}
+
+/// The MCP port: refused without the token (also with a 4 MiB body, which is not read), a body
+/// over the limit refused with the token, a slow head and 300 idle sockets closed, and a client
+/// with the token served beside them.
+async fn mcp_attacks(mcp: &Mcp<'_>, tally: &mut Tally) {
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}"#;
+    let request = |auth: Option<String>, body: String| {
+        let mut head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        if let Some(a) = auth {
+            head.push_str(&format!("Authorization: {a}\r\n"));
+        }
+        head.push_str("\r\n");
+        head.push_str(&body);
+        head.into_bytes()
+    };
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"matrix.send","arguments":{{"text":"{}"}}}}}}"#,
+        "x".repeat(4 * 1024 * 1024)
+    );
+    let bearer = Some(format!("Bearer {}", mcp.token));
+    let cases = [
+        ("MCP without a token", request(None, init.to_owned()), 401),
+        (
+            "MCP with a wrong token",
+            request(Some("Bearer wrong-token-0123".into()), init.to_owned()),
+            401,
+        ),
+        (
+            "MCP 4 MiB call without a token",
+            request(None, big.clone()),
+            401,
+        ),
+        (
+            "MCP 4 MiB body with the token",
+            request(bearer.clone(), big),
+            413,
+        ),
+    ];
+    for (what, bytes, expected) in cases {
+        let status = post_status(mcp.addr, bytes).await;
+        tally.record(format!("{what}: {status}"), status == expected);
+    }
+    let head = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+    let closed = slow_loris(mcp.addr, head, Duration::from_millis(200), CLOSED_WITHIN).await;
+    tally.record(
+        format!("slow head on the MCP port: closed after {closed:?}"),
+        closed.is_some(),
+    );
+    let flood = idle_sockets(mcp.addr, 300, 20).await;
+    let served = post_status(mcp.addr, request(bearer, init.to_owned())).await;
+    tally.record(
+        format!("MCP client with the token beside 300 idle sockets: {served}"),
+        served == 200,
+    );
+    let closed = all_closed(&flood, CLOSED_WITHIN).await;
+    tally.record(
+        format!(
+            "{} idle sockets on the MCP port: closed after {closed:?}",
+            flood.len()
+        ),
+        closed.is_some(),
+    );
+}
+
+/// Sends `request` while reading the answer's status line, so that a server that answers
+/// before it read the whole body (and closes) is heard; 0 when no status line came.
+async fn post_status(to: SocketAddr, request: Vec<u8>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(stream) = tokio::net::TcpStream::connect(to).await else {
+        return 0;
+    };
+    let (mut read, mut write) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(&request).await;
+        write
+    });
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    let reading = async {
+        while !head.windows(2).any(|w| w == b"\r\n") {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSED_WITHIN, reading).await;
+    writer.abort();
+    String::from_utf8_lossy(&head)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
