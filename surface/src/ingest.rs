@@ -3,11 +3,11 @@
 //! then answers go to the waiting turn and lanes are woken. Also used when an event that could
 //! not be decrypted finally can be ([`crate::undecrypted`]).
 
+mod notices;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use matrix_sdk::ruma::OwnedEventId;
-use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::{Room, RoomMemberships};
 use protocol::ChatId;
 use tracing::{debug, error, info, warn};
@@ -18,8 +18,7 @@ use crate::event::{Arrival, RawEvent};
 use crate::journal::{ChatRef, Disposition, EditTarget, NewEvent};
 use crate::lanes;
 use crate::prompts;
-use crate::render::{self, ReplyTarget};
-use crate::send::{self, Outgoing};
+use crate::render;
 
 /// What [`classify`] needs to know about the room, read once per batch.
 #[derive(Debug, Clone)]
@@ -238,56 +237,6 @@ fn edit_of(ctx: &Ctx, e: &RawEvent) -> Option<(String, EditTarget, RawEvent)> {
     Some((target, standing, new))
 }
 
-/// The power level a sender needs to change how the bot is triggered in a room (moderator).
-const MODE_POWER_LEVEL: i64 = 50;
-
-/// `!mode`: a room moderator switches the bot between answering mentions and every message;
-/// anyone else is told who may. In the background (the power level is looked up).
-fn set_mode(ctx: &Ctx, ev: &NewEvent, every_message: bool) {
-    let (Ok(room_id), Ok(user)) = (
-        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
-        matrix_sdk::ruma::OwnedUserId::try_from(ev.sender.as_str()),
-    ) else {
-        return;
-    };
-    let Some(room) = ctx.client.get_room(&room_id) else {
-        return;
-    };
-    let (ctx2, ev2) = (ctx.clone(), ev.clone());
-    ctx.tracker.spawn(async move {
-        let level = match room.get_member_no_sync(&user).await {
-            Ok(Some(m)) => match m.power_level() {
-                matrix_sdk::ruma::events::room::power_levels::UserPowerLevel::Infinite => i64::MAX,
-                matrix_sdk::ruma::events::room::power_levels::UserPowerLevel::Int(n) => n.into(),
-                _ => 0,
-            },
-            _ => 0,
-        };
-        let text = if level < MODE_POWER_LEVEL {
-            info!(room_id = %ev2.room_id, sender = %ev2.sender, level, "!mode refused");
-            "Only the room's moderators can change when I answer here.".to_owned()
-        } else {
-            match ctx2.journal.set_every_message(&ev2.room_id, every_message) {
-                Ok(()) => {
-                    info!(room_id = %ev2.room_id, sender = %ev2.sender, every_message, "room mode set");
-                    if every_message {
-                        "From now on I answer every message in this room (`!mode mentions` to undo)."
-                            .to_owned()
-                    } else {
-                        "From now on I answer only when mentioned here (`!mode all` to undo)."
-                            .to_owned()
-                    }
-                }
-                Err(e) => {
-                    error!(error = %e, "journal write failed");
-                    "I could not save that setting; try again.".to_owned()
-                }
-            }
-        };
-        notify(&ctx2, &ev2, text, "mode");
-    });
-}
-
 /// Carries out redaction `e`: the redacted message is not processed if it still waited, and the
 /// files it brought leave the inbox.
 fn redact(ctx: &Ctx, e: &RawEvent) {
@@ -334,76 +283,10 @@ fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
                  this conversation until a person writes.",
                 render::pill(&ev.sender)
             );
-            notify(ctx, ev, text, "bot-loop");
+            notices::notify(ctx, ev, text, "bot-loop");
         }
         _ => {}
     }
-}
-
-/// Posts notice `text` in reply to `ev` (its thread), in the background.
-fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: &'static str) {
-    let (Ok(event_id), Ok(room_id)) = (
-        OwnedEventId::try_from(ev.event_id.as_str()),
-        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
-    ) else {
-        return;
-    };
-    let Some(room) = ctx.client.get_room(&room_id) else {
-        return;
-    };
-    let target = ReplyTarget {
-        event_id,
-        thread_root: ev
-            .thread_root
-            .as_deref()
-            .and_then(|t| OwnedEventId::try_from(t).ok()),
-    };
-    let ctx2 = ctx.clone();
-    ctx.tracker.spawn(async move {
-        let txn = render::notice_txn_id(target.event_id.as_str(), kind);
-        let out = Outgoing {
-            txn: &txn,
-            thread_root: Some(target.root()),
-            about: Some(&target.event_id),
-            purpose: kind,
-        };
-        if let Err(e) = send::post(&ctx2, &room, target.notice(&text), out).await {
-            warn!(error = %e, "could not post the {kind} notice");
-        }
-    });
-}
-
-/// Like [`notify`], for an event that may relate to another (a reaction, an edit): no thread can
-/// start from such an event (the homeserver refuses), so the notice goes to the room itself.
-fn notify_about(ctx: &Ctx, ev: &NewEvent, e: &RawEvent, text: String, kind: &'static str) {
-    if matches!(e.rel_type(), None | Some("m.thread")) {
-        return notify(ctx, ev, text, kind);
-    }
-    let Ok(room_id) = matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()) else {
-        return;
-    };
-    let Some(room) = ctx.client.get_room(&room_id) else {
-        return;
-    };
-    let about = OwnedEventId::try_from(ev.event_id.as_str()).ok();
-    let ctx2 = ctx.clone();
-    ctx.tracker.spawn(async move {
-        let txn = render::notice_txn_id(&ev_id_or_room(about.as_deref(), &room), kind);
-        let out = Outgoing {
-            txn: &txn,
-            thread_root: None,
-            about: about.as_deref(),
-            purpose: kind,
-        };
-        let content = RoomMessageEventContent::notice_plain(text);
-        if let Err(e) = send::post(&ctx2, &room, content, out).await {
-            warn!(error = %e, "could not post the {kind} notice");
-        }
-    });
-}
-
-fn ev_id_or_room(event: Option<&matrix_sdk::ruma::EventId>, room: &Room) -> String {
-    event.map_or_else(|| room.room_id().to_string(), ToString::to_string)
 }
 
 /// Chats to wake after a batch, each once.
@@ -421,7 +304,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
                 debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
             }
         }
-        Decision::SetMode { every_message } => set_mode(ctx, ev, every_message),
+        Decision::SetMode { every_message } => notices::set_mode(ctx, ev, every_message),
         Decision::Redaction => {
             redact(ctx, e);
             if let Some(chat) = &ev.chat_id {
@@ -454,7 +337,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
                 let text = format!(
                     "I cannot read a {kind} yet. Send a picture or a file, or say it in words."
                 );
-                notify(ctx, ev, text, "unsupported");
+                notices::notify(ctx, ev, text, "unsupported");
             }
         }
         Decision::Plaintext => {
@@ -469,7 +352,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
                             encrypted in it. Reactions never are (Matrix clients send them in \
                             clear), so to answer a prompt, reply yes, always or no; an \
                             unencrypted message, edit or reaction is ignored here.";
-                notify_about(ctx, ev, e, text.to_owned(), "plaintext");
+                notices::notify_about(ctx, ev, e, text.to_owned(), "plaintext");
             }
         }
         Decision::UnverifiedApproval { request_id } => {
@@ -483,7 +366,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &RawEvent, pokes: &m
             let text = "⚠️ Approvals count only from a verified session here. Verify this \
                         session (or answer from one that is), then answer the prompt again; \
                         it is still waiting.";
-            notify_about(ctx, ev, e, text.to_owned(), "approval-unverified");
+            notices::notify_about(ctx, ev, e, text.to_owned(), "approval-unverified");
         }
         Decision::Answer(question_id) => {
             let text = decide::strip_reply_fallback(body);
@@ -626,7 +509,7 @@ async fn act_on_new(ctx: &Ctx, batch: Prepared, inserted: Vec<bool>, pokes: &mut
             .collect();
         let missed = missed_while_offline(&fresh_triggers, ctx.started_ms, now_ms(), after);
         if missed > 0 {
-            announce_catch_up(ctx, &room, missed).await;
+            notices::announce_catch_up(ctx, &room, missed).await;
         }
     }
     for (((row, decision), new), e) in rows.iter().zip(decisions).zip(inserted).zip(&events) {
@@ -691,35 +574,6 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
-}
-
-/// Tells `room` that messages sent while the bot was down are being answered now. Once per
-/// room and process start (the transaction id says so, and the journal remembers it across a
-/// crash); a courtesy, so it does not hold up the sync loop for long.
-async fn announce_catch_up(ctx: &Ctx, room: &Room, missed: usize) {
-    let room_id = room.room_id().as_str();
-    info!(
-        room_id,
-        missed, "messages arrived while the surface was down; catching up"
-    );
-    let text = if missed == 1 {
-        "👋 I was offline and missed a message; answering it now.".to_owned()
-    } else {
-        format!("👋 I was offline and missed {missed} messages; answering them now, in order.")
-    };
-    let txn = render::notice_txn_id(&format!("{room_id}:{}", ctx.started_ms), "offline");
-    let out = Outgoing {
-        txn: &txn,
-        thread_root: None,
-        about: None,
-        purpose: "offline",
-    };
-    let content = RoomMessageEventContent::notice_plain(text);
-    match tokio::time::timeout(Duration::from_secs(10), send::post(ctx, room, content, out)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => warn!(room_id, error = %e, "could not post the catch-up notice"),
-        Err(_) => warn!(room_id, "the catch-up notice took too long; skipped"),
-    }
 }
 
 #[cfg(test)]
