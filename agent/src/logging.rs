@@ -48,26 +48,9 @@ where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let rule = redact::Redact::new(OWN_CRATES);
-    let keep = move |e: &tracing::Event<'_>| rule.allows(e);
-    let write = if json {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .event_format(redact::Screened::new(
-                tracing_subscriber::fmt::format().json(),
-                keep,
-            ))
-            .with_writer(writer)
-            .boxed()
-    } else {
-        tracing_subscriber::fmt::layer()
-            .with_ansi(ansi)
-            .event_format(redact::Screened::new(
-                tracing_subscriber::fmt::format(),
-                keep,
-            ))
-            .with_writer(writer)
-            .boxed()
-    };
+    let write = redact::writing_layer(json, ansi, writer, move |e: &tracing::Event<'_>| {
+        rule.allows(e)
+    });
     tracing_subscriber::registry().with(write.with_filter(filter))
 }
 

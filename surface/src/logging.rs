@@ -16,8 +16,6 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
-use self::redact::Screened;
-
 /// The filter when `RUST_LOG` is not set.
 pub const DEFAULT_FILTER: &str = "info,matrix_sdk=warn,matrix_sdk_base=warn,matrix_sdk_crypto=warn,\
                                   matrix_sdk_crypto::backups=error";
@@ -63,22 +61,7 @@ where
 {
     let redact = redaction();
     let keep = move |e: &Event<'_>| redact.allows(e) && Quiet::allows(e);
-    let write = if json {
-        tracing_subscriber::fmt::layer()
-            .json()
-            .event_format(Screened::new(
-                tracing_subscriber::fmt::format().json(),
-                keep,
-            ))
-            .with_writer(writer)
-            .boxed()
-    } else {
-        tracing_subscriber::fmt::layer()
-            .with_ansi(ansi)
-            .event_format(Screened::new(tracing_subscriber::fmt::format(), keep))
-            .with_writer(writer)
-            .boxed()
-    };
+    let write = redact::writing_layer(json, ansi, writer, keep);
     let clock = clock.then(|| {
         crate::latency::SyncClock.with_filter(tracing_subscriber::filter::filter_fn(
             crate::latency::SyncClock::interested,

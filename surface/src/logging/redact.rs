@@ -25,7 +25,8 @@ use std::fmt::Write as _;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::layer::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
 /// Lower-case fragments that mark a credential in a field name or value.
@@ -105,6 +106,37 @@ where
         } else {
             Ok(())
         }
+    }
+}
+
+/// The writing layer both binaries use: text (colours when `ansi`) or one JSON object per line
+/// (`json`) to `writer`, leaving out every event `keep` refuses ([`Screened`]).
+pub fn writing_layer<S, W, K>(
+    json: bool,
+    ansi: bool,
+    writer: W,
+    keep: K,
+) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+    K: Fn(&Event<'_>) -> bool + Send + Sync + 'static,
+{
+    if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .event_format(Screened::new(
+                tracing_subscriber::fmt::format().json(),
+                keep,
+            ))
+            .with_writer(writer)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .event_format(Screened::new(tracing_subscriber::fmt::format(), keep))
+            .with_writer(writer)
+            .boxed()
     }
 }
 
