@@ -200,3 +200,44 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
         .collect();
     assert!(sdk_warnings.is_empty(), "{sdk_warnings:#?}");
 }
+
+/// The same for a DM as Element starts it: the first message is sent before the bot joins,
+/// while the agent is down. The bot joins, tells the room once, and answers when it is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_dm_message_sent_while_the_agent_is_down_is_answered_after_one_notice() {
+    let hs = Homeserver::from_env();
+    let mut stack = Stack::start(
+        &hs,
+        StackOptions {
+            surface_env: BTreeMap::from([("SURFACE_AGENT_DOWN_NOTICE".into(), "2s".into())]),
+            ..StackOptions::default()
+        },
+    )
+    .await
+    .expect("stack starts");
+    let bot = stack.bot.user_id.clone();
+    stack.agent.stop().await;
+    wait_agent_up(&stack, false).await;
+    let user = E2eeUser::register(&hs, "firstdown")
+        .await
+        .expect("register");
+    let (room, first) = user
+        .start_dm_with_first_message(&bot, "hello before you joined")
+        .await
+        .expect("DM with its first message");
+    user.wait_joined(&room, &bot, TURN)
+        .await
+        .expect("the bot joins");
+    user.wait_for(TURN, "the unreachable notice", || async {
+        (!notices(&user, &room, &bot).await.is_empty()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| {
+        stack.dump();
+        panic!("{e}")
+    });
+    assert_eq!(notices(&user, &room, &bot).await, vec![Some(first.clone())]);
+    stack.agent.start().expect("restart the agent");
+    answered(&user, &room, &bot, &first, &stack).await;
+    assert_eq!(notices(&user, &room, &bot).await.len(), 1);
+}
