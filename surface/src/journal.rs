@@ -17,6 +17,7 @@ mod inspect;
 mod redactions;
 mod sends;
 mod settings;
+mod stored;
 mod turns;
 mod undecrypted;
 
@@ -33,6 +34,7 @@ pub use edits::EditTarget;
 pub use feed::FeedRow;
 pub use redactions::Redacted;
 pub use sends::SendState;
+pub use stored::Stored;
 pub use undecrypted::Undecrypted;
 
 /// What [`crate::decide`] concluded for an event when it was recorded.
@@ -97,8 +99,8 @@ pub struct NewEvent {
     pub sender_name: Option<String>,
     /// `origin_server_ts`, ms.
     pub origin_ts: u64,
-    /// Raw `content` JSON (`None` for skipped events: we keep only the id for gap detection).
-    pub content: Option<String>,
+    /// What it holds (`None` for skipped events: we keep only the id for gap detection).
+    pub content: Option<Stored>,
     /// The decision.
     pub disposition: Disposition,
 }
@@ -171,6 +173,7 @@ CREATE TABLE IF NOT EXISTS events(
     sender_name TEXT,
     origin_ts INTEGER NOT NULL,
     content TEXT,
+    kind TEXT,
     disposition TEXT NOT NULL,
     state TEXT NOT NULL,
     context_json TEXT,
@@ -235,6 +238,27 @@ fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &st
     Ok(())
 }
 
+/// The schema version this build writes (`PRAGMA user_version`).
+const SCHEMA_VERSION: i64 = 1;
+
+/// Brings a journal written by an earlier build up to [`SCHEMA_VERSION`], in one transaction.
+///
+/// 0 → 1: rows get a `kind` ([`Stored`]). A row with content was a message, or, while it still
+/// waits for its room key (disposition `waiting`, also once `late`), the whole encrypted
+/// event. (Edits and redactions were kept as message-shaped text then, and still read as the
+/// messages they were.)
+fn migrate(conn: &Connection) -> Result<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    add_column_if_missing(conn, "events", "kind", "TEXT")?;
+    conn.execute_batch(&format!(
+        "BEGIN;          UPDATE events SET kind = CASE WHEN disposition = 'waiting' THEN 'encrypted'            ELSE 'message' END WHERE kind IS NULL AND content IS NOT NULL;          PRAGMA user_version = {SCHEMA_VERSION};          COMMIT;"
+    ))?;
+    Ok(())
+}
+
 fn chat_id_col(s: Option<String>) -> Option<ChatId> {
     s.and_then(|s| ChatId::new(s).ok())
 }
@@ -271,6 +295,7 @@ impl Journal {
         ] {
             add_column_if_missing(&conn, "sends", column, decl)?;
         }
+        migrate(&conn)?;
         Ok(Self {
             conn: Mutex::new(conn),
             changes: tokio::sync::watch::Sender::new(0),
@@ -367,8 +392,8 @@ impl Journal {
             )?;
             let mut stmt = tx.prepare_cached(
                 "INSERT OR IGNORE INTO events(event_id, room_id, chat_id, thread_root, sender, \
-                 sender_name, origin_ts, content, disposition, state, recorded_ms) \
-                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 sender_name, origin_ts, content, kind, disposition, state, recorded_ms) \
+                 VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?;
             let mut chat_stmt = tx.prepare_cached(
                 "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
@@ -377,6 +402,7 @@ impl Journal {
                 room_stmt.execute(params![room_id, now])?;
                 let mut inserted = Vec::with_capacity(events.len());
                 for e in *events {
+                    let content = e.content.as_ref().map(Stored::to_json).transpose()?;
                     let n = stmt.execute(params![
                         e.event_id,
                         e.room_id,
@@ -385,7 +411,8 @@ impl Journal {
                         e.sender,
                         e.sender_name,
                         e.origin_ts as i64,
-                        e.content,
+                        content,
+                        e.content.as_ref().map(Stored::kind),
                         e.disposition.as_str(),
                         e.disposition.initial_state(),
                         now,
@@ -413,14 +440,14 @@ impl Journal {
                 sender: r.get(5)?,
                 sender_name: r.get(6)?,
                 origin_ts: r.get::<_, i64>(7)? as u64,
-                content: r.get(8)?,
+                content: Stored::load(r.get::<_, Option<String>>(10)?.as_deref(), r.get(8)?),
                 disposition: Disposition::parse(&r.get::<_, String>(9)?),
             },
         })
     }
 
     const EVENT_COLS: &str = "ord, event_id, room_id, chat_id, thread_root, sender, sender_name, \
-                              origin_ts, content, disposition";
+                              origin_ts, content, disposition, kind";
 
     /// The oldest event of `chat` a lane still has to process. When it is still waiting for
     /// its room key (disposition [`Disposition::Waiting`]), the lane must not go past it.
@@ -546,6 +573,7 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
+    use matrix_sdk::ruma::events::room::message::MessageType;
     use protocol::{Sender, UserMessage};
 
     use super::*;
@@ -560,7 +588,7 @@ mod tests {
             sender: "@alice:hs".into(),
             sender_name: Some("Alice".into()),
             origin_ts: 1000,
-            content: Some(r#"{"msgtype":"m.text","body":"hi"}"#.into()),
+            content: Some(Stored::Message(MessageType::text_plain("hi"))),
             disposition: d,
         }
     }
@@ -602,6 +630,80 @@ mod tests {
             plan.iter().any(|p| p.contains("events_undecrypted")),
             "{plan:?}"
         );
+    }
+
+    /// A journal written by the build before rows had kinds (made by that code at abf267b:
+    /// a handled and a skipped row, pending messages, a file, the message-shaped texts edits
+    /// and redactions were stored as, and an event waiting for its room key) opens, every row
+    /// reads back as what it was, and opening again changes nothing.
+    #[test]
+    fn a_journal_from_before_kinds_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.sqlite");
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/journal-before-kinds.sqlite3"
+        );
+        std::fs::copy(fixture, &path).unwrap();
+        let version = |j: &Journal| -> i64 {
+            j.conn()
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .unwrap()
+        };
+        for round in 0..2 {
+            let j = Journal::open(&path).unwrap();
+            assert_eq!(version(&j), SCHEMA_VERSION);
+            let rows: Vec<(String, Option<String>)> = j
+                .conn()
+                .prepare("SELECT event_id, kind FROM events ORDER BY ord")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            let kinds: Vec<(&str, Option<&str>)> = rows
+                .iter()
+                .map(|(e, k)| (e.as_str(), k.as_deref()))
+                .collect();
+            assert_eq!(
+                kinds,
+                [
+                    ("$done", Some("message")),
+                    ("$skip", None),
+                    ("$msg", Some("message")),
+                    ("$file", Some("message")),
+                    ("$redaction", Some("message")),
+                    ("$edit", Some("message")),
+                    ("$enc", Some("encrypted")),
+                ]
+            );
+            let chat = ChatId::for_conversation("!room:hs", None);
+            if round == 0 {
+                let next = j.next_pending(&chat).unwrap().unwrap();
+                assert_eq!(next.event.event_id, "$msg");
+                assert_eq!(
+                    next.event.content,
+                    Some(Stored::Message(MessageType::text_plain("hello")))
+                );
+                j.mark_handled("$msg").unwrap();
+            }
+            let file = j.next_pending(&chat).unwrap().unwrap().event;
+            assert!(
+                matches!(&file.content, Some(Stored::Message(MessageType::File(f))) if f.body == "a.txt"),
+                "{:?}",
+                file.content
+            );
+            let waiting = j.undecrypted().unwrap();
+            assert_eq!(waiting.len(), 1);
+            assert!(
+                matches!(&waiting[0].journaled.event.content, Some(Stored::Encrypted { json })
+                    if json.contains(r#""session_id":"s1""#))
+            );
+            assert_eq!(
+                j.edit_target("$done", "@alice:hs").unwrap(),
+                EditTarget::Ran("hi".into())
+            );
+        }
     }
 
     #[test]

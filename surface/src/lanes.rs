@@ -214,7 +214,7 @@ impl Lane {
                     timestamp_ms: ev.origin_ts,
                 },
             ),
-            Disposition::Trigger if nothing_left && prepared.failed_file => {
+            Disposition::Trigger if nothing_left && prepared.failed => {
                 // The user was told; there is nothing to forward.
                 journal.mark_handled(&ev.event_id)
             }

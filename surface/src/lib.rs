@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod event;
 pub mod filename;
 pub mod health;
+pub mod inbound;
 pub mod ingest;
 pub mod journal;
 pub mod lane_registry;

@@ -19,7 +19,8 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{error, info, instrument, warn};
 
 use crate::context::Ctx;
-use crate::event::{self, Landmark, RawEvent};
+use crate::event::{self, Landmark};
+use crate::inbound::Inbound;
 use crate::retry::{self, Verdict};
 use crate::{ingest, send};
 
@@ -265,11 +266,11 @@ async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
         let Some(room) = ctx.client.get_room(&room_id) else {
             continue;
         };
-        let events: Vec<RawEvent> = update
+        let events: Vec<Inbound> = update
             .timeline
             .events
             .iter()
-            .filter_map(RawEvent::parse)
+            .filter_map(Inbound::parse)
             .collect();
         crate::latency::arrived(
             events.iter().map(|e| e.event_id.as_str()),
@@ -284,7 +285,13 @@ async fn handle(ctx: &Ctx, rooms: RoomUpdates) {
         let unparsed = update.timeline.events.len() - events.len();
         let timeline = events
             .iter()
-            .map(|e| Some(e.kind.as_str()))
+            .map(|e| {
+                Some(if e.is_membership() {
+                    "m.room.member"
+                } else {
+                    ""
+                })
+            })
             .chain(std::iter::repeat_n(None, unparsed));
         if crate::members::membership_changed(
             state
@@ -359,21 +366,21 @@ async fn messages_page(
 async fn collect_new(
     ctx: &Ctx,
     room: &Room,
-    newest: Vec<RawEvent>,
+    newest: Vec<Inbound>,
     more_before: bool,
     prev_batch: Option<String>,
-) -> Vec<RawEvent> {
-    let own = ctx.config.user_id.as_str();
+) -> Vec<Inbound> {
+    let own = &ctx.config.user_id;
     let known = ctx
         .journal
         .room_known(room.room_id().as_str())
         .unwrap_or(false);
-    let landmark_of = |e: &RawEvent| {
-        let journaled = ctx.journal.contains(&e.event_id).unwrap_or(false);
+    let landmark_of = |e: &Inbound| {
+        let journaled = ctx.journal.contains(e.event_id.as_str()).unwrap_or(false);
         event::landmark(e, own, known, journaled)
     };
 
-    let mut newest_first: Vec<RawEvent> = Vec::new();
+    let mut newest_first: Vec<Inbound> = Vec::new();
     let mut found: Option<Landmark> = None;
     for e in newest.into_iter().rev() {
         found = landmark_of(&e);
@@ -390,7 +397,7 @@ async fn collect_new(
                 break;
             };
             for ev in &page.chunk {
-                let Some(e) = RawEvent::parse(ev) else {
+                let Some(e) = Inbound::parse(ev) else {
                     continue;
                 };
                 found = landmark_of(&e);
@@ -412,7 +419,7 @@ async fn collect_new(
             );
         }
     }
-    let mut events: Vec<RawEvent> = newest_first.into_iter().rev().collect();
+    let mut events: Vec<Inbound> = newest_first.into_iter().rev().collect();
     match found {
         Some(Landmark::Invite | Landmark::OwnPost) => {
             info!(landmark = ?found, count = events.len(), "first sight of room: answering what came after the invite");

@@ -17,9 +17,9 @@ use matrix_sdk::ruma::{EventId, OwnedEventId, RoomId};
 use tracing::{debug, error, info, warn};
 
 use crate::context::Ctx;
-use crate::event::RawEvent;
+use crate::inbound::{self, Inbound};
 use crate::ingest::{self, Pokes, RoomFacts};
-use crate::journal::{ChatRef, NewEvent, Undecrypted};
+use crate::journal::{ChatRef, NewEvent, Stored, Undecrypted};
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
 
@@ -111,11 +111,13 @@ async fn sweep(ctx: &Ctx, giving_up: &GivingUp) {
 }
 
 /// The clear-text event, if its key is there now.
-async fn decrypt(room: &Room, ev: &NewEvent) -> Option<RawEvent> {
-    let json = ev.content.clone()?;
+async fn decrypt(room: &Room, ev: &NewEvent) -> Option<Inbound> {
+    let Some(Stored::Encrypted { json }) = ev.content.clone() else {
+        return None;
+    };
     let raw = Raw::<OriginalSyncRoomEncryptedEvent>::from_json_string(json).ok()?;
     match room.decrypt_event(&raw, None).await {
-        Ok(t) if !t.kind.is_utd() => RawEvent::parse(&t),
+        Ok(t) if !t.kind.is_utd() => Inbound::parse(&t),
         Ok(_) => None,
         Err(e) => {
             debug!(event_id = %ev.event_id, error = %e, "decryption attempt failed");
@@ -124,7 +126,7 @@ async fn decrypt(room: &Room, ev: &NewEvent) -> Option<RawEvent> {
     }
 }
 
-async fn resolve(ctx: &Ctx, room: &Room, u: &Undecrypted, clear: &RawEvent, pokes: &mut Pokes) {
+async fn resolve(ctx: &Ctx, room: &Room, u: &Undecrypted, clear: &Inbound, pokes: &mut Pokes) {
     let facts = RoomFacts::read(ctx, room).await;
     let (row, decision) = ingest::classify(ctx, room, &facts, clear).await;
     match ctx.journal.resolve_undecrypted(&row) {
@@ -166,10 +168,10 @@ fn give_up(ctx: &Ctx, room: &Room, ev: &NewEvent, giving_up: &GivingUp) {
     {
         return;
     }
-    let session_id = serde_json::from_str::<RawEvent>(ev.content.as_deref().unwrap_or("{}"))
-        .ok()
-        .map(|e| e.str_field("session_id").to_owned())
-        .unwrap_or_default();
+    let session_id = match &ev.content {
+        Some(Stored::Encrypted { json }) => inbound::session_id_of(json).unwrap_or_default(),
+        _ => String::new(),
+    };
     warn!(
         room_id = %ev.room_id,
         event_id = %ev.event_id,

@@ -11,9 +11,9 @@ const SURFACE: &[&[&str]] = &[
     &[
         "config",
         "decide",
-        "event",
         "filename",
         "health",
+        "inbound",
         "journal",
         "lane_registry",
         "latency",
@@ -23,7 +23,7 @@ const SURFACE: &[&[&str]] = &[
         "retry",
         "route",
     ],
-    &["connection", "logging", "trust", "workspace"],
+    &["connection", "event", "logging", "trust", "workspace"],
     &[
         "agent_link",
         "media",

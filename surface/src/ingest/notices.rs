@@ -10,7 +10,7 @@ use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use tracing::{error, info, warn};
 
 use crate::context::Ctx;
-use crate::event::RawEvent;
+use crate::inbound::Inbound;
 use crate::journal::NewEvent;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
@@ -53,11 +53,11 @@ pub(super) fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: &'static str)
 pub(super) fn notify_about(
     ctx: &Ctx,
     ev: &NewEvent,
-    e: &RawEvent,
+    e: &Inbound,
     text: String,
     kind: &'static str,
 ) {
-    if matches!(e.rel_type(), None | Some("m.thread")) {
+    if !e.place.other_relation {
         return notify(ctx, ev, text, kind);
     }
     let (Ok(room_id), Ok(about)) = (

@@ -3,7 +3,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{Journal, Result};
+use super::{Journal, Result, Stored};
 
 /// Where an edited message stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,14 +20,15 @@ impl Journal {
     /// Where message `event_id` stands, for an edit by `sender` (only its author may edit it).
     pub fn edit_target(&self, event_id: &str, sender: &str) -> Result<EditTarget> {
         let conn = self.conn();
-        let row: Option<(String, String, String, Option<String>)> = conn
+        type Row = (String, String, String, Option<String>, Option<String>);
+        let row: Option<Row> = conn
             .query_row(
-                "SELECT sender, disposition, state, content FROM events WHERE event_id = ?1",
+                "SELECT sender, disposition, state, content, kind FROM events WHERE event_id = ?1",
                 params![event_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .optional()?;
-        let Some((author, disposition, state, content)) = row else {
+        let Some((author, disposition, state, content, kind)) = row else {
             return Ok(EditTarget::Other);
         };
         if author != sender {
@@ -36,11 +37,14 @@ impl Journal {
         Ok(match (disposition.as_str(), state.as_str()) {
             ("trigger" | "context", "pending") => EditTarget::Queued,
             ("trigger", "sent" | "handled") => {
-                let body = content
-                    .and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok())
-                    .and_then(|v| v.get("body").and_then(|b| b.as_str()).map(str::to_owned))
-                    .unwrap_or_default();
-                EditTarget::Ran(body)
+                let stored = Stored::load(kind.as_deref(), content);
+                EditTarget::Ran(
+                    stored
+                        .as_ref()
+                        .map(Stored::text)
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
             }
             _ => EditTarget::Other,
         })
@@ -48,10 +52,10 @@ impl Journal {
 
     /// Gives message `event_id` new `content` if it is still waiting to be processed. Returns
     /// whether it did.
-    pub fn replace_queued_content(&self, event_id: &str, content: &str) -> Result<bool> {
+    pub fn replace_queued_content(&self, event_id: &str, content: &Stored) -> Result<bool> {
         let n = self.conn().execute(
-            "UPDATE events SET content = ?2 WHERE event_id = ?1 AND state = 'pending'",
-            params![event_id, content],
+            "UPDATE events SET content = ?2, kind = ?3 WHERE event_id = ?1 AND state = 'pending'",
+            params![event_id, content.to_json()?, content.kind()],
         )?;
         Ok(n == 1)
     }
@@ -59,6 +63,7 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
+    use matrix_sdk::ruma::events::room::message::MessageType;
     use protocol::ChatId;
 
     use super::*;
@@ -93,7 +98,7 @@ mod tests {
             EditTarget::Other
         );
         assert!(
-            j.replace_queued_content("$t", r#"{"msgtype":"m.text","body":"hello"}"#)
+            j.replace_queued_content("$t", &Stored::Message(MessageType::text_plain("hello")))
                 .unwrap()
         );
         j.mark_handled("$t").unwrap();
@@ -102,7 +107,8 @@ mod tests {
             EditTarget::Ran("hello".into())
         );
         assert!(
-            !j.replace_queued_content("$t", "{}").unwrap(),
+            !j.replace_queued_content("$t", &Stored::Message(MessageType::text_plain("")))
+                .unwrap(),
             "too late to replace"
         );
     }

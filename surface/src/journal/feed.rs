@@ -7,10 +7,10 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{Journal, Result};
+use super::{Journal, Result, Stored};
 
 /// One message of a room's feed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FeedRow {
     /// Its position: the journal's arrival order (room order within a room).
     pub ord: i64,
@@ -24,8 +24,8 @@ pub struct FeedRow {
     pub origin_ts: u64,
     /// Thread root, when the message is in a thread.
     pub thread_root: Option<String>,
-    /// The message's `content` JSON (`None` when it never decrypted: see `undecryptable`).
-    pub content: Option<String>,
+    /// What the message holds (`None` when it never decrypted: see `undecryptable`).
+    pub content: Option<Stored>,
     /// Its room key never came within `SURFACE_KEY_WAIT`: the feed went on without it.
     pub undecryptable: bool,
     /// Workspace paths of its files, once its lane saved them.
@@ -87,7 +87,7 @@ impl Journal {
     fn feed_rows(&self, order: &str, room_id: &str, at: i64, limit: usize) -> Result<Vec<FeedRow>> {
         let sql = format!(
             "SELECT e.ord, e.event_id, e.sender, e.sender_name, e.origin_ts, e.thread_root, \
-             e.content, e.state, e.context_json, \
+             e.content, e.state, e.context_json, e.kind, \
              (SELECT t.message FROM turns t WHERE t.event_id = e.event_id LIMIT 1) \
              FROM events e WHERE e.room_id = ?1 AND e.disposition IN {FEED_DISPOSITIONS} \
              AND {order} LIMIT ?3"
@@ -97,7 +97,7 @@ impl Journal {
         let rows = stmt.query_map(params![room_id, at, limit as i64], |r| {
             let state: String = r.get(7)?;
             let context: Option<String> = r.get(8)?;
-            let turn: Option<String> = r.get(9)?;
+            let turn: Option<String> = r.get(10)?;
             Ok((
                 FeedRow {
                     ord: r.get(0)?,
@@ -111,7 +111,7 @@ impl Journal {
                     attachments: attachments_of(context.as_deref(), turn.as_deref()),
                 },
                 state,
-                r.get::<_, Option<String>>(6)?,
+                Stored::load(r.get::<_, Option<String>>(9)?.as_deref(), r.get(6)?),
             ))
         })?;
         let mut out = Vec::new();
@@ -147,6 +147,8 @@ fn attachments_of(context_json: Option<&str>, turn_json: Option<&str>) -> Vec<St
 
 #[cfg(test)]
 mod tests {
+    use matrix_sdk::ruma::events::room::message::MessageType;
+
     use super::super::{Disposition, NewEvent};
     use super::*;
 
@@ -159,7 +161,8 @@ mod tests {
             sender: sender.into(),
             sender_name: None,
             origin_ts: 1,
-            content: (disposition != Disposition::Skip).then(|| format!(r#"{{"body":"{id}"}}"#)),
+            content: (disposition != Disposition::Skip)
+                .then(|| Stored::Message(MessageType::text_plain(id))),
             disposition,
         }
     }
@@ -185,7 +188,10 @@ mod tests {
         .unwrap();
         let all = j.feed_after("!r:hs", 0, 100).unwrap();
         assert_eq!(ids(&all), ["$a", "$b", "$c"]);
-        assert_eq!(all[0].content.as_deref(), Some(r#"{"body":"$a"}"#));
+        assert_eq!(
+            all[0].content,
+            Some(Stored::Message(MessageType::text_plain("$a")))
+        );
         let (_, b) = j.feed_position("$b").unwrap().unwrap();
         assert_eq!(ids(&j.feed_after("!r:hs", b, 100).unwrap()), ["$c"]);
         assert_eq!(ids(&j.feed_after("!r:hs", 0, 1).unwrap()), ["$a"]);

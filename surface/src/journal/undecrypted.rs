@@ -4,12 +4,12 @@
 use protocol::ChatId;
 use rusqlite::params;
 
-use super::{Journal, JournaledEvent, NewEvent, Result};
+use super::{Journal, JournaledEvent, NewEvent, Result, Stored};
 
 /// An event journaled before its room key arrived.
 #[derive(Debug, Clone)]
 pub struct Undecrypted {
-    /// The event (its `content` is the whole encrypted event).
+    /// The event (its content is [`Stored::Encrypted`]: the whole encrypted event).
     pub journaled: JournaledEvent,
     /// When it was journaled, ms since the epoch.
     pub recorded_ms: u64,
@@ -30,8 +30,8 @@ impl Journal {
         let rows = stmt.query_map([], |r| {
             Ok(Undecrypted {
                 journaled: Self::row_to_event(r)?,
-                recorded_ms: r.get::<_, i64>(10)? as u64,
-                late: r.get::<_, String>(11)? == "late",
+                recorded_ms: r.get::<_, i64>(11)? as u64,
+                late: r.get::<_, String>(12)? == "late",
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -40,19 +40,22 @@ impl Journal {
     /// Replaces a waiting (or late) event by what its decryption revealed and the decision on
     /// it. Returns false when it was not waiting any more (resolved meanwhile).
     pub fn resolve_undecrypted(&self, ev: &NewEvent) -> Result<bool> {
+        let content = ev.content.as_ref().map(Stored::to_json).transpose()?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let n = tx.execute(
             "UPDATE events SET chat_id = ?2, thread_root = ?3, sender_name = ?4, content = ?5, \
-             disposition = ?6, state = ?7 WHERE event_id = ?1 AND state IN ('waiting', 'late')",
+             kind = ?8, disposition = ?6, state = ?7 \
+             WHERE event_id = ?1 AND state IN ('waiting', 'late')",
             params![
                 ev.event_id,
                 ev.chat_id.as_ref().map(ChatId::as_str),
                 ev.thread_root,
                 ev.sender_name,
-                ev.content,
+                content,
                 ev.disposition.as_str(),
                 ev.disposition.initial_state(),
+                ev.content.as_ref().map(Stored::kind),
             ],
         )?;
         if let Some(chat) = &ev.chat_id {

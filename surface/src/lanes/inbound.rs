@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use matrix_sdk::ruma::events::room::MediaSource;
-use matrix_sdk::ruma::events::room::message::{MessageType, RoomMessageEventContent};
+use matrix_sdk::ruma::events::room::message::MessageType;
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
 use protocol::{AttachmentInfo, WorkspacePath};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::Lane;
 use crate::filename::pick_name;
-use crate::journal::NewEvent;
+use crate::journal::{NewEvent, Stored};
 use crate::media::{self, DownloadRequest, MediaFields};
 use crate::render;
 use crate::send::{self, Outgoing, PostError};
@@ -29,8 +29,9 @@ pub(super) struct Prepared {
     pub text: String,
     pub attachments: Vec<WorkspacePath>,
     pub info: BTreeMap<WorkspacePath, AttachmentInfo>,
-    /// The message had a file that could not be downloaded.
-    pub failed_file: bool,
+    /// Part of the message could not be forwarded (a file that did not download, a journal row
+    /// this build cannot read); the room was told.
+    pub failed: bool,
 }
 
 impl Prepared {
@@ -75,29 +76,36 @@ impl Lane {
         {
             return None;
         }
-        let content: RoomMessageEventContent =
-            serde_json::from_str(next.event.content.as_deref()?).ok()?;
-        match content.msgtype {
-            MessageType::Text(t) if !t.body.trim().is_empty() => {
+        match next.event.content? {
+            Stored::Message(MessageType::Text(t)) if !t.body.trim().is_empty() => {
                 Some((next.event.event_id, t.body))
             }
             _ => None,
         }
     }
 
-    /// Parses the event and downloads its file, if any. Download failures are told to the
-    /// room and logged; the message's other content still goes on.
+    /// The text and files of a journaled message, its file downloaded. Download failures
+    /// and rows that cannot be read are told to the room and logged; the message's other
+    /// content still goes on.
     pub(super) async fn prepare(&self, ev: &NewEvent) -> Prepared {
-        let content: RoomMessageEventContent =
-            match serde_json::from_str(ev.content.as_deref().unwrap_or("{}")) {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "message content does not parse; forwarding nothing");
-                    return Prepared::default();
-                }
-            };
-        let Some(file) = MediaFields::of(&content.msgtype) else {
-            let body = match &content.msgtype {
+        let msgtype = match &ev.content {
+            Some(Stored::Message(m)) => m,
+            Some(said @ (Stored::Edited { .. } | Stored::Removed { .. })) => {
+                return Prepared {
+                    text: said.as_words().unwrap_or_default(),
+                    ..Prepared::default()
+                };
+            }
+            other => {
+                self.unreadable(ev, other.as_ref()).await;
+                return Prepared {
+                    failed: true,
+                    ..Prepared::default()
+                };
+            }
+        };
+        let Some(file) = MediaFields::of(msgtype) else {
+            let body = match msgtype {
                 MessageType::Emote(e) => format!("* {}", e.body),
                 other => other.body().to_owned(),
             };
@@ -124,7 +132,7 @@ impl Lane {
                 prepared.attachments.push(d.path.clone());
                 prepared.info.insert(d.path, d.info);
             }
-            Err(()) => prepared.failed_file = true,
+            Err(()) => prepared.failed = true,
         }
         prepared
     }
@@ -172,28 +180,53 @@ impl Lane {
                     reason = %e.failure,
                     "download failed"
                 );
-                let target = self.target_for(&ev.event_id, ev.thread_root.as_deref());
-                if let Some(target) = target {
-                    let txn = render::notice_txn_id(&ev.event_id, "download-failed");
-                    let content = target.notice(&e.user_message());
-                    let out = Outgoing {
-                        txn: &txn,
-                        thread_root: Some(target.root()),
-                        about: Some(&target.event_id),
-                        purpose: "download-failed",
-                    };
-                    match send::post(ctx, &self.room, content, out).await {
-                        Ok(_) => {}
-                        Err(PostError::Refused(r)) => {
-                            send::report_refusal(ctx, &self.room, out, Some(&target), &r).await;
-                        }
-                        Err(pe) => {
-                            warn!(error = %pe, "could not tell the room about the failed download");
-                        }
-                    }
-                }
+                self.tell(ev, &e.user_message(), "download-failed").await;
                 Err(())
             }
+        }
+    }
+
+    /// A journal row the lane cannot forward: what a newer build stored, or what does not
+    /// decode. Logged with its ids, and the sender is asked to send it again.
+    async fn unreadable(&self, ev: &NewEvent, stored: Option<&Stored>) {
+        let (kind, why) = match stored {
+            Some(Stored::Unknown { kind, why }) => (kind.as_str(), why.as_str()),
+            Some(other) => (other.kind(), "not a message a lane forwards"),
+            None => ("none", "no content was kept"),
+        };
+        error!(
+            event_id = %ev.event_id,
+            room_id = %ev.room_id,
+            chat_id = ?ev.chat_id,
+            kind,
+            why,
+            "journal row cannot be forwarded to the agent"
+        );
+        let text = "⚠️ I could not read this message back from my journal (it may have been \
+                    stored by another version of me), so my agent did not get it. Please send \
+                    it again.";
+        self.tell(ev, text, "unreadable-row").await;
+    }
+
+    /// Tells the room about a problem with message `ev`, under it.
+    async fn tell(&self, ev: &NewEvent, text: &str, purpose: &'static str) {
+        let Some(target) = self.target_for(&ev.event_id, ev.thread_root.as_deref()) else {
+            return;
+        };
+        let ctx = &self.ctx;
+        let txn = render::notice_txn_id(&ev.event_id, purpose);
+        let out = Outgoing {
+            txn: &txn,
+            thread_root: Some(target.root()),
+            about: Some(&target.event_id),
+            purpose,
+        };
+        match send::post(ctx, &self.room, target.notice(text), out).await {
+            Ok(_) => {}
+            Err(PostError::Refused(r)) => {
+                send::report_refusal(ctx, &self.room, out, Some(&target), &r).await;
+            }
+            Err(pe) => warn!(error = %pe, purpose, "could not tell the room"),
         }
     }
 }
@@ -222,7 +255,7 @@ mod tests {
                 })
                 .into_iter()
                 .collect(),
-            failed_file: false,
+            failed: false,
         };
         let cases = [
             ("", Some(false), true),

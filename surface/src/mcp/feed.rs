@@ -4,7 +4,8 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::journal::FeedRow;
+use crate::journal::{FeedRow, Stored};
+use crate::media::MediaFields;
 
 /// How many messages a read returns unless asked for fewer.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -70,24 +71,27 @@ pub fn message(row: &FeedRow) -> Value {
         m["body"] = json!("");
         return m;
     }
-    let content: Value = row
-        .content
-        .as_deref()
-        .and_then(|c| serde_json::from_str(c).ok())
-        .unwrap_or(Value::Null);
-    let msgtype = content["msgtype"].as_str().unwrap_or("m.text");
-    m["msgtype"] = json!(msgtype);
-    m["body"] = json!(content["body"].as_str().unwrap_or_default());
-    if matches!(msgtype, "m.file" | "m.image" | "m.audio" | "m.video") {
-        let name = content["filename"]
-            .as_str()
-            .or(content["body"].as_str())
-            .unwrap_or_default();
-        m["file"] = json!({
-            "name": name,
-            "mimetype": content["info"]["mimetype"],
-            "size": content["info"]["size"],
-        });
+    match &row.content {
+        Some(Stored::Message(msg)) => {
+            m["msgtype"] = json!(msg.msgtype());
+            m["body"] = json!(msg.body());
+            if let Some(file) = MediaFields::of(msg) {
+                m["file"] = json!({
+                    "name": file.filename.as_deref().unwrap_or(&file.body),
+                    "mimetype": file.mimetype,
+                    "size": file.size,
+                });
+            }
+        }
+        other => {
+            m["msgtype"] = json!("m.text");
+            m["body"] = json!(
+                other
+                    .as_ref()
+                    .and_then(Stored::as_words)
+                    .unwrap_or_default()
+            );
+        }
     }
     m["attachments"] = json!(row.attachments);
     m
@@ -183,7 +187,7 @@ mod tests {
             sender_name: Some("U".into()),
             origin_ts: 7,
             thread_root: None,
-            content: content.map(str::to_owned),
+            content: Stored::load(Some("message"), content.map(str::to_owned)),
             undecryptable: content.is_none(),
             attachments: vec![],
         }
@@ -225,7 +229,7 @@ mod tests {
         assert!(text.get("file").is_none());
 
         let mut with_file = row(Some(
-            r#"{"msgtype":"m.image","body":"cap","filename":"a.png","info":{"mimetype":"image/png","size":5}}"#,
+            r#"{"msgtype":"m.image","body":"cap","filename":"a.png","url":"mxc://hs/a","info":{"mimetype":"image/png","size":5}}"#,
         ));
         with_file.attachments = vec!["surfaces/matrix/u/r/inbox/a.png".into()];
         let m = message(&with_file);

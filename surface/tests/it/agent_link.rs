@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use matrix_sdk::ruma::events::room::message::MessageType;
 use protocol::{
     Ack, ChatId, PROTOCOL_VERSION, Sender, Sentinel, ToAgent, ToSurface, UserMessage, Welcome,
     WorkspaceCheck, WorkspacePath,
@@ -12,7 +13,7 @@ use protocol::{
 use surface::agent_link::{self, AgentEndpoint, HandshakeError, LinkEvent, WorkspaceProof};
 use surface::config::Secret;
 use surface::health::Health;
-use surface::journal::{Disposition, Journal, NewEvent};
+use surface::journal::{Disposition, Journal, NewEvent, Stored};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -119,7 +120,7 @@ fn store_turn(journal: &Journal, chat: &ChatId, id: &str) -> u64 {
                 sender: "@alice:hs".into(),
                 sender_name: None,
                 origin_ts: 1,
-                content: Some("{}".into()),
+                content: Some(Stored::Message(MessageType::text_plain("hi"))),
                 disposition: Disposition::Trigger,
             }],
         )
