@@ -35,6 +35,19 @@ fn calls(tool: &str) -> String {
     ])
 }
 
+/// One turn that runs `command` in an agent whose only MCP server is `mcp_hostile.py MODE` as
+/// `name`: its transcript, and how long it took.
+async fn one_call(python: &Path, name: &str, mode: &str, command: &str) -> (Transcript, Duration) {
+    let servers = vec![hostile(python, name, &[mode])];
+    let policy = format!("{name}__*");
+    let policies = &[(policy.as_str(), Policy::Allow)];
+    let agent = TestAgent::start_with(with_mcp(servers, policies, CALL_TIMEOUT)).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let started = Instant::now();
+    let t = c.turn(message(1, "$p1", command)).await;
+    (t, started.elapsed())
+}
+
 /// The names of the tools a model request offered.
 fn offered(request: &serde_json::Value) -> Vec<String> {
     request["tools"]
@@ -96,13 +109,7 @@ async fn a_server_that_never_starts_holds_up_no_other_chat() {
 #[tokio::test]
 async fn a_server_whose_tool_list_does_not_parse_fails_at_once() {
     let Some(python) = python() else { return };
-    let servers = vec![hostile(&python, "bad", &["bad-tools"])];
-    let policies = &[("bad__*", Policy::Allow)];
-    let agent = TestAgent::start_with(with_mcp(servers, policies, CALL_TIMEOUT)).await;
-    let (mut c, _) = agent.connect(&chat()).await;
-    let started = Instant::now();
-    let t = c.turn(message(1, "$p1", "mcp bad.anything {}")).await;
-    let took = started.elapsed();
+    let (t, took) = one_call(&python, "bad", "bad-tools", "mcp bad.anything {}").await;
     eprintln!("the unparsable tool list failed the start after {took:?}");
     assert!(
         t.text()
@@ -111,6 +118,61 @@ async fn a_server_whose_tool_list_does_not_parse_fails_at_once() {
         t.text()
     );
     assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+// A line that is not JSON is one rmcp drops without a word: the start would wait out its
+// 30 s limit. The agent reads the server's stdout itself and ends the start at that line, and
+// the error (also the one line logged) quotes it escaped. (Not checked in the log here: two
+// tests capturing the log in one process lose each other's lines.)
+#[tokio::test]
+async fn a_server_whose_tool_list_is_not_json_fails_at_once_and_alone() {
+    let Some(python) = python() else { return };
+    let servers = vec![
+        hostile(&python, "garbled", &["garbled-tools"]),
+        hostile(&python, "fine", &["tools", "2"]),
+    ];
+    let policies = &[("garbled__*", Policy::Allow), ("fine__*", Policy::Allow)];
+    let agent = TestAgent::start_with(with_mcp(servers, policies, CALL_TIMEOUT)).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let started = Instant::now();
+    let t = c.turn(message(1, "$g1", "mcp garbled.anything {}")).await;
+    let took = started.elapsed();
+    eprintln!("the tool list that is not JSON failed the start after {took:?}");
+    assert_eq!(t.end().status, EndStatus::Completed);
+    assert!(
+        t.text().starts_with(
+            r#"The MCP call failed: the MCP server "garbled" could not be started: it wrote a line that is not JSON on stdout: tools: echo, add \u{1b}[31mFORGED"#
+        ),
+        "{}",
+        t.text()
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // The other server, in this chat and another, is served as usual.
+    let t = c.turn(message(2, "$g2", "mcp fine.tool_0 {}")).await;
+    assert_eq!(t.text(), "ok");
+    let thread = ChatId::for_conversation(ROOM, Some("$root"));
+    let (mut b, _) = agent.connect(&thread).await;
+    let mut m = message(1, "$g3", "mcp fine.tool_1 {}");
+    m.thread_root = Some("$root".to_owned());
+    let t = b.turn(m).await;
+    assert_eq!(t.text(), "ok");
+}
+
+#[tokio::test]
+async fn a_call_answered_with_a_line_that_is_not_json_fails_at_once() {
+    let Some(python) = python() else { return };
+    let (t, took) = one_call(&python, "garbled", "garbled-call", "mcp garbled.echo {}").await;
+    eprintln!("the answer that is not JSON failed the call after {took:?}");
+    assert!(
+        t.text().starts_with(
+            r#"The MCP call failed: the MCP server "garbled" went away during the call (it wrote a line that is not JSON on stdout: tools: echo"#
+        ),
+        "{}",
+        t.text()
+    );
+    // Well within the call's 30 s limit.
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
 #[tokio::test]

@@ -1,42 +1,23 @@
-//! [`McpClient`] over the rmcp SDK: a child process on stdio, or a streamable-HTTP server.
-//! Nothing else in the agent names rmcp.
+//! [`McpClient`] over the rmcp SDK: a child process on stdio (whose stdout the agent checks line
+//! by line before rmcp reads it: `stdio`), or a streamable-HTTP server. Nothing else in the
+//! agent names rmcp.
 
-use std::collections::VecDeque;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+mod stdio;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use rmcp::model::{CallToolRequestParams, ContentBlock, PaginatedRequestParams};
 use rmcp::service::{ClientInitializeError, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
-use tokio::io::AsyncReadExt;
-use tokio::process::ChildStderr;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use super::hub::{ClientError, McpClient, McpTool, shown, shown_within};
+use super::hub::{ClientError, McpClient, McpTool, shown};
 use crate::config::{McpServerConfig, McpTransport};
-
-/// Environment variables a stdio server gets from the agent; nothing else (the agent's own
-/// environment holds its secrets).
-const PASSED_ENV: &[&str] = &[
-    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER",
-];
-
-/// Bytes of a stdio server's stderr kept (the last ones) for the error when it fails to start.
-const STDERR_TAIL: usize = 8 * 1024;
-
-/// Lines of that tail quoted in the error.
-const STDERR_WORDS: usize = 3;
-
-/// Bytes read from a stdio server's stderr at a time.
-const STDERR_CHUNK: usize = 4 * 1024;
-
-/// Bytes of a stderr line logged; the rest of a longer line is left out.
-const STDERR_LINE: usize = 1024;
 
 /// Pages of `tools/list` read at most: a server that hands out cursors forever is cut off.
 const MAX_TOOL_PAGES: usize = 32;
@@ -49,39 +30,28 @@ struct Rmcp {
     /// The server's name in the agent's configuration.
     name: String,
     service: RunningService<RoleClient, ()>,
+    /// Why a stdio server's stdout was cut off, once it was (see [`stdio`]).
+    spoiled: Option<stdio::Spoiled>,
 }
 
 /// Starts or reaches the server and completes the MCP handshake.
 pub(super) async fn connect(config: &McpServerConfig) -> Result<Arc<dyn McpClient>, String> {
+    let mut spoiled = None;
     let service = match &config.transport {
         McpTransport::Stdio { program, args } => {
-            let mut command = tokio::process::Command::new(program);
-            command.args(args).env_clear().kill_on_drop(true);
-            for var in PASSED_ENV {
-                if let Some(value) = std::env::var_os(var) {
-                    command.env(var, value);
-                }
-            }
-            let (transport, stderr) = TokioChildProcess::builder(command)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot run {program}: {e}"))?;
-            // The server's own log goes to ours (RUST_LOG=agent=debug), line by line, cut
-            // short; its last bytes explain a server that fails to start (a missing module, a
-            // bad flag). Read in bounded chunks: a line without end costs no memory.
-            let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
-            let reader = stderr.map(|stderr| {
-                tokio::spawn(drain_stderr(config.name.clone(), stderr, tail.clone()))
-            });
-            match ().serve(transport).await {
+            let spawned = stdio::spawn(&config.name, program, args)?;
+            spoiled = Some(spawned.spoiled.clone());
+            match ().serve(spawned.transport).await {
                 Ok(service) => service,
                 Err(e) => {
                     // The child is gone with the transport: its stderr ends soon.
-                    if let Some(reader) = reader {
-                        let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
-                    }
-                    let mut why = init_error(&e);
-                    if let Some(words) = last_words(&tail) {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), spawned.stderr).await;
+                    let mut why = spawned
+                        .spoiled
+                        .get()
+                        .cloned()
+                        .unwrap_or_else(|| init_error(&e));
+                    if let Some(words) = stdio::last_words(&spawned.tail) {
                         why.push_str(&format!("; it said: {words}"));
                     }
                     return Err(why);
@@ -110,70 +80,8 @@ pub(super) async fn connect(config: &McpServerConfig) -> Result<Arc<dyn McpClien
     Ok(Arc::new(Rmcp {
         name: config.name.clone(),
         service,
+        spoiled,
     }))
-}
-
-/// Reads a stdio server's stderr to its end in chunks of [`STDERR_CHUNK`] bytes: each line
-/// logged at debug (escaped, the first [`STDERR_LINE`] bytes of it), the last
-/// [`STDERR_TAIL`] bytes kept in `tail`.
-async fn drain_stderr(server: String, mut stderr: ChildStderr, tail: Arc<Mutex<VecDeque<u8>>>) {
-    let mut chunk = vec![0; STDERR_CHUNK];
-    let mut line = Vec::with_capacity(STDERR_LINE);
-    let mut cut = false;
-    let log = |line: &[u8], cut: bool| {
-        let text = String::from_utf8_lossy(line);
-        let more = if cut { " … (cut)" } else { "" };
-        debug!(server = %server, "{}{more}", shown_within(&text, STDERR_LINE));
-    };
-    loop {
-        let n = match stderr.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let bytes = &chunk[..n];
-        {
-            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-            let keep = &bytes[bytes.len().saturating_sub(STDERR_TAIL)..];
-            let over = (tail.len() + keep.len()).saturating_sub(STDERR_TAIL);
-            tail.drain(..over);
-            tail.extend(keep);
-        }
-        for &byte in bytes {
-            if byte == b'\n' {
-                log(&line, cut);
-                line.clear();
-                cut = false;
-            } else if line.len() < STDERR_LINE {
-                line.push(byte);
-            } else {
-                cut = true;
-            }
-        }
-    }
-    if !line.is_empty() {
-        log(&line, cut);
-    }
-}
-
-/// The last few lines of a server's stderr `tail`, escaped and cut short, for an error
-/// message; `None` when it said nothing.
-fn last_words(tail: &Mutex<VecDeque<u8>>) -> Option<String> {
-    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-    let bytes: Vec<u8> = tail.iter().copied().collect();
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .rev()
-        .take(STDERR_WORDS)
-        .map(|l| shown_within(l, 200))
-        .collect();
-    if lines.is_empty() {
-        return None;
-    }
-    let lines: Vec<String> = lines.into_iter().rev().collect();
-    Some(lines.join(" | "))
 }
 
 /// Why the handshake failed, in words for the operator.
@@ -199,6 +107,16 @@ fn classify(e: ServiceError) -> ClientError {
     }
 }
 
+impl Rmcp {
+    /// [`classify`], naming the cause when the agent itself cut the connection off.
+    fn failed(&self, e: ServiceError) -> ClientError {
+        match (classify(e), self.spoiled.as_ref().and_then(|s| s.get())) {
+            (ClientError::Broken(_), Some(why)) => ClientError::Broken(why.clone()),
+            (other, _) => other,
+        }
+    }
+}
+
 impl McpClient for Rmcp {
     fn list_tools(&self) -> BoxFuture<'_, Result<Vec<McpTool>, ClientError>> {
         Box::pin(async move {
@@ -210,7 +128,7 @@ impl McpClient for Rmcp {
                     .service
                     .list_tools(Some(params))
                     .await
-                    .map_err(classify)?;
+                    .map_err(|e| self.failed(e))?;
                 tools.extend(page.tools);
                 cursor = page.next_cursor;
                 if cursor.is_none() || tools.len() >= MAX_LISTED_TOOLS {
@@ -244,7 +162,11 @@ impl McpClient for Rmcp {
     ) -> BoxFuture<'a, Result<(String, bool), ClientError>> {
         Box::pin(async move {
             let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args);
-            let result = self.service.call_tool(params).await.map_err(classify)?;
+            let result = self
+                .service
+                .call_tool(params)
+                .await
+                .map_err(|e| self.failed(e))?;
             let mut parts: Vec<String> = result.content.iter().map(content_text).collect();
             if parts.is_empty()
                 && let Some(structured) = &result.structured_content
