@@ -25,6 +25,7 @@ use crate::agent_link::{self, LinkEvent, LinkHandle};
 use crate::context::Ctx;
 use crate::journal::{ChatRef, Disposition, JournaledEvent};
 use crate::lane_registry::LaneHandle;
+use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
 use crate::workspace::Workspace;
@@ -67,13 +68,13 @@ fn maybe_notice_backlog(ctx: &Ctx, chat: &ChatRef, handle: &LaneHandle) {
             Ok(Some(ev)) => ev.event.event_id,
             _ => format!("{}:{}", chat.chat_id, ctx2.started_ms),
         };
-        let txn = render::notice_txn_id(&oldest, "backlog");
+        let txn = render::notice_txn_id(&oldest, Purpose::Backlog);
         let content = RoomMessageEventContent::notice_plain(text);
         let out = Outgoing {
             txn: &txn,
             thread_root: None,
             about: None,
-            purpose: "backlog",
+            purpose: Purpose::Backlog,
         };
         if let Err(e) = send::post(&ctx2, &room, content, out).await {
             warn!(error = %e, "could not post the backlog notice");

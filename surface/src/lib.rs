@@ -26,6 +26,7 @@ pub mod mime;
 pub mod outbound;
 pub mod outbox;
 pub mod prompts;
+pub mod purpose;
 pub mod render;
 pub mod retention;
 pub mod retry;

@@ -14,6 +14,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::context::Ctx;
 use crate::media;
 use crate::outbox::{self, OutboxItem};
+use crate::purpose::Purpose;
 use crate::render;
 use crate::retention;
 use crate::send::{self, Outgoing, PostError};
@@ -88,7 +89,7 @@ async fn post_outbox_file(ctx: &Ctx, item: OutboxItem) {
                         txn: &txn,
                         thread_root: None,
                         about: None,
-                        purpose: "outbox",
+                        purpose: Purpose::Outbox,
                     };
                     match send::post(ctx, &room, content, out).await {
                         Ok(event_id) => {

@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use crate::context::Ctx;
 use crate::decide::APPROVAL_REACTIONS;
+use crate::purpose::Purpose;
 use crate::render;
 use crate::send::{self, Outgoing};
 use crate::waits::Wait;
@@ -36,12 +37,12 @@ pub fn outcome_text(tool: &str, resource: &str, choice: ApprovalChoice, by: &str
 pub async fn seed_reactions(ctx: &Ctx, room: &Room, prompt: &EventId) {
     for (key, _) in APPROVAL_REACTIONS {
         let content = ReactionEventContent::new(Annotation::new(prompt.to_owned(), key.into()));
-        let txn = render::notice_txn_id(prompt.as_str(), &format!("seed-{key}"));
+        let txn = render::notice_txn_id(prompt.as_str(), format!("seed-{key}"));
         let out = Outgoing {
             txn: &txn,
             thread_root: None,
             about: Some(prompt),
-            purpose: "approval-reaction",
+            purpose: Purpose::ApprovalReaction,
         };
         if let Err(e) = send::post(ctx, room, content, out).await {
             warn!(error = %e, prompt = %prompt, "could not seed a reaction on the prompt");
@@ -74,7 +75,7 @@ pub fn show_outcome(ctx: &Ctx, wait: &Wait, choice: ApprovalChoice, by: &str) {
             txn: &txn,
             thread_root: None,
             about: Some(&prompt),
-            purpose: "approval-outcome",
+            purpose: Purpose::ApprovalOutcome,
         };
         if let Err(e) = send::post(&ctx2, &room, content, out).await {
             warn!(error = %e, prompt = %prompt, "could not show the outcome on the prompt");

@@ -34,8 +34,8 @@ pub fn mcp_txn_id(room_id: &str, key: Option<&str>) -> OwnedTransactionId {
 }
 
 /// The transaction id of a notice about event `event_id` (`kind` tells notices apart).
-pub fn notice_txn_id(event_id: &str, kind: &str) -> OwnedTransactionId {
-    hashed_txn(kind, &[event_id.as_bytes()])
+pub fn notice_txn_id(event_id: &str, kind: impl AsRef<str>) -> OwnedTransactionId {
+    hashed_txn(kind.as_ref(), &[event_id.as_bytes()])
 }
 
 /// The transaction id of the message showing output number `index` while it is being written

@@ -33,6 +33,7 @@ use tracing::{error, info, warn};
 
 use crate::context::Shared;
 use crate::journal::SendState;
+use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::retry::{Observed, Verdict, verdict};
 
@@ -88,8 +89,8 @@ pub struct Outgoing<'a> {
     pub thread_root: Option<&'a EventId>,
     /// The event it is about (the message being answered), for the log.
     pub about: Option<&'a EventId>,
-    /// What it is: `answer`, `file`, `approval`, `backlog`…
-    pub purpose: &'a str,
+    /// What it is.
+    pub purpose: Purpose,
 }
 
 /// Posts `content` to `room` as `out` describes: once, retried through passing trouble, parked
@@ -110,7 +111,7 @@ where
         out.txn.as_str(),
         room_id.as_str(),
         out.thread_root.map(EventId::as_str),
-        out.purpose,
+        out.purpose.as_str(),
     )? {
         SendState::Posted(id) => {
             if let Ok(id) = EventId::parse(&id) {
@@ -142,7 +143,7 @@ where
                 ctx.journal
                     .finish_send(out.txn.as_str(), r.response.event_id.as_str())?;
                 if attempt > 1 {
-                    info!(room_id = %room_id, txn_id = %out.txn, purpose = out.purpose, about, attempt, "posted after retrying");
+                    info!(room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt, "posted after retrying");
                 }
                 return Ok(r.response.event_id);
             }
@@ -157,7 +158,7 @@ where
                     .or_else(|| backoff.next())
                     .unwrap_or(Duration::from_secs(60));
                 info!(
-                    room_id = %room_id, txn_id = %out.txn, purpose = out.purpose, about, attempt,
+                    room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt,
                     wait_ms = wait.as_millis() as u64,
                     "rate limited by the homeserver; waiting before posting again"
                 );
@@ -171,7 +172,7 @@ where
                 });
                 let wait = backoff.next().unwrap_or(Duration::from_secs(60));
                 warn!(
-                    room_id = %room_id, txn_id = %out.txn, purpose = out.purpose, about, attempt,
+                    room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt,
                     wait_ms = wait.as_millis() as u64, error = %err,
                     "post failed; retrying with the same transaction id"
                 );
@@ -180,7 +181,7 @@ where
             Verdict::Permanent => {
                 let refusal = refusal(&observed, &err);
                 error!(
-                    room_id = %room_id, txn_id = %out.txn, purpose = out.purpose, about,
+                    room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about,
                     status = refusal.status, errcode = refusal.errcode.as_deref(),
                     reason = %refusal.message,
                     "post refused by the homeserver for good; parked, not retried"
@@ -204,7 +205,7 @@ where
 /// Sends `content` once, without a journal record or retries: for updates that the next one
 /// supersedes (the edits of an answer being written). On failure returns how long to hold
 /// off: what a rate-limited homeserver asked for, else `None`.
-pub async fn try_once<C>(room: &Room, content: C, purpose: &str) -> Result<(), Option<Duration>>
+pub async fn try_once<C>(room: &Room, content: C, purpose: Purpose) -> Result<(), Option<Duration>>
 where
     C: MessageLikeEventContent + Serialize + Clone,
 {
@@ -225,7 +226,7 @@ where
                 ),
                 _ => None,
             };
-            info!(room_id = %room.room_id(), purpose, error = %err, wait_ms = wait.map(|w| w.as_millis() as u64), "update not sent; the next one replaces it");
+            info!(room_id = %room.room_id(), %purpose, error = %err, wait_ms = wait.map(|w| w.as_millis() as u64), "update not sent; the next one replaces it");
             Err(wait)
         }
     }
@@ -249,7 +250,7 @@ pub async fn report_refusal(
     let notice_txn = render::notice_txn_id(failed.txn.as_str(), "refused");
     let notice_out = Outgoing {
         txn: &notice_txn,
-        purpose: "refusal-notice",
+        purpose: Purpose::RefusalNotice,
         ..failed
     };
     match post(ctx, room, notice, notice_out).await {
@@ -263,7 +264,7 @@ pub async fn report_refusal(
     let reaction_txn = render::notice_txn_id(failed.txn.as_str(), "refused-reaction");
     let reaction_out = Outgoing {
         txn: &reaction_txn,
-        purpose: "refusal-reaction",
+        purpose: Purpose::RefusalReaction,
         ..failed
     };
     if let Err(e) = post(ctx, room, reaction, reaction_out).await {
@@ -272,14 +273,8 @@ pub async fn report_refusal(
 }
 
 /// The notice telling people a post was refused (pure).
-pub fn refusal_text(purpose: &str, refusal: &Refusal) -> String {
-    let what = match purpose {
-        "answer" => "answer",
-        "file" | "outbox" => "file",
-        "approval" => "approval request",
-        "question" => "question",
-        _ => "message",
-    };
+pub fn refusal_text(purpose: Purpose, refusal: &Refusal) -> String {
+    let what = purpose.what();
     let reason = match refusal.errcode.as_deref() {
         Some("M_TOO_LARGE") => "it is too large".to_owned(),
         Some("M_FORBIDDEN") => "I am not allowed to post it here".to_owned(),
@@ -418,7 +413,7 @@ mod tests {
             "HTTP 403 M_FORBIDDEN: You don't have permission to post that to the room."
         );
         assert_eq!(
-            refusal_text("answer", &r),
+            refusal_text(Purpose::Answer, &r),
             "⚠️ The homeserver refused my answer (I am not allowed to post it here); it will not be retried."
         );
         let big = Refusal {
@@ -426,12 +421,14 @@ mod tests {
             errcode: Some("M_TOO_LARGE".into()),
             message: "event too large".into(),
         };
-        assert!(refusal_text("file", &big).contains("my file (it is too large)"));
+        assert!(refusal_text(Purpose::File, &big).contains("my file (it is too large)"));
         let odd = Refusal {
             status: Some(400),
             errcode: Some("M_BAD_JSON".into()),
             message: "bad".into(),
         };
-        assert!(refusal_text("backlog", &odd).contains("my message (HTTP 400 M_BAD_JSON: bad)"));
+        assert!(
+            refusal_text(Purpose::Backlog, &odd).contains("my message (HTTP 400 M_BAD_JSON: bad)")
+        );
     }
 }

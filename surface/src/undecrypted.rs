@@ -20,6 +20,7 @@ use crate::context::Ctx;
 use crate::inbound::{self, Inbound};
 use crate::ingest::{self, Pokes, RoomFacts};
 use crate::journal::{ChatRef, NewEvent, Stored, Undecrypted};
+use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
 
@@ -228,7 +229,7 @@ async fn post_notice(
     thread_root: Option<OwnedEventId>,
     text: &str,
 ) {
-    let txn = render::notice_txn_id(event_id.as_str(), "undecryptable");
+    let txn = render::notice_txn_id(event_id.as_str(), Purpose::Undecryptable);
     let target = ReplyTarget {
         event_id: event_id.clone(),
         thread_root,
@@ -237,7 +238,7 @@ async fn post_notice(
         txn: &txn,
         thread_root: Some(target.root()),
         about: Some(&event_id),
-        purpose: "undecryptable",
+        purpose: Purpose::Undecryptable,
     };
     if let Err(e) = send::post(ctx, room, target.notice(text), out).await {
         warn!(event_id = %event_id, error = %e, "could not post the undecryptable-message notice");

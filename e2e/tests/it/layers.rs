@@ -19,6 +19,7 @@ const SURFACE: &[&[&str]] = &[
         "latency",
         "metrics",
         "mime",
+        "purpose",
         "render",
         "retry",
         "route",

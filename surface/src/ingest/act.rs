@@ -11,6 +11,7 @@ use crate::decide::{self, Decision, IgnoreReason};
 use crate::inbound::{Inbound, Kind};
 use crate::journal::{ChatRef, NewEvent, Stored};
 use crate::prompts;
+use crate::purpose::Purpose;
 use crate::render;
 
 /// Carries out redaction `e`: the redacted message is not processed if it still waited, and the
@@ -63,7 +64,7 @@ fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
                  this conversation until a person writes.",
                 render::pill(&ev.sender)
             );
-            notices::notify(ctx, ev, text, "bot-loop");
+            notices::notify(ctx, ev, text, Purpose::BotLoop);
         }
         _ => {}
     }
@@ -113,7 +114,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
                 let text = format!(
                     "I cannot read a {kind} yet. Send a picture or a file, or say it in words."
                 );
-                notices::notify(ctx, ev, text, "unsupported");
+                notices::notify(ctx, ev, text, Purpose::Unsupported);
             }
         }
         Decision::Plaintext => {
@@ -128,7 +129,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
                             encrypted in it. Reactions never are (Matrix clients send them in \
                             clear), so to answer a prompt, reply yes, always or no; an \
                             unencrypted message, edit or reaction is ignored here.";
-                notices::notify_about(ctx, ev, e, text.to_owned(), "plaintext");
+                notices::notify_about(ctx, ev, e, text.to_owned(), Purpose::Plaintext);
             }
         }
         Decision::UnverifiedApproval { request_id } => {
@@ -142,7 +143,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
             let text = "⚠️ Approvals count only from a verified session here. Verify this \
                         session (or answer from one that is), then answer the prompt again; \
                         it is still waiting.";
-            notices::notify_about(ctx, ev, e, text.to_owned(), "approval-unverified");
+            notices::notify_about(ctx, ev, e, text.to_owned(), Purpose::ApprovalUnverified);
         }
         Decision::Answer(question_id) => {
             let text = decide::strip_reply_fallback(body);

@@ -12,11 +12,12 @@ use tracing::{error, info, warn};
 use crate::context::Ctx;
 use crate::inbound::Inbound;
 use crate::journal::NewEvent;
+use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
 
 /// Posts notice `text` in reply to `ev` (its thread), in the background.
-pub(super) fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: &'static str) {
+pub(super) fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: Purpose) {
     let (Ok(event_id), Ok(room_id)) = (
         OwnedEventId::try_from(ev.event_id.as_str()),
         matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
@@ -50,13 +51,7 @@ pub(super) fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: &'static str)
 
 /// Like [`notify`], for an event that may relate to another (a reaction, an edit): no thread can
 /// start from such an event (the homeserver refuses), so the notice goes to the room itself.
-pub(super) fn notify_about(
-    ctx: &Ctx,
-    ev: &NewEvent,
-    e: &Inbound,
-    text: String,
-    kind: &'static str,
-) {
+pub(super) fn notify_about(ctx: &Ctx, ev: &NewEvent, e: &Inbound, text: String, kind: Purpose) {
     if !e.place.other_relation {
         return notify(ctx, ev, text, kind);
     }
@@ -131,7 +126,7 @@ pub(super) fn set_mode(ctx: &Ctx, ev: &NewEvent, every_message: bool) {
                 }
             }
         };
-        notify(&ctx2, &ev2, text, "mode");
+        notify(&ctx2, &ev2, text, Purpose::Mode);
     });
 }
 
@@ -149,12 +144,12 @@ pub(super) async fn announce_catch_up(ctx: &Ctx, room: &Room, missed: usize) {
     } else {
         format!("👋 I was offline and missed {missed} messages; answering them now, in order.")
     };
-    let txn = render::notice_txn_id(&format!("{room_id}:{}", ctx.started_ms), "offline");
+    let txn = render::notice_txn_id(&format!("{room_id}:{}", ctx.started_ms), Purpose::Offline);
     let out = Outgoing {
         txn: &txn,
         thread_root: None,
         about: None,
-        purpose: "offline",
+        purpose: Purpose::Offline,
     };
     let content = RoomMessageEventContent::notice_plain(text);
     match tokio::time::timeout(Duration::from_secs(10), send::post(ctx, room, content, out)).await {

@@ -24,6 +24,7 @@ use super::turn::{Input, Outcome, Step, TurnState, WaitsFor};
 use crate::agent_link::LinkEvent;
 use crate::media;
 use crate::prompts;
+use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing, PostError};
 use crate::waits::Wait;
@@ -154,7 +155,7 @@ impl Lane {
                     Step::Progress => self.progress(&mut turn, state.pending_text()).await,
                     Step::Notice {
                         text,
-                        purpose: purpose @ "agent-unreachable",
+                        purpose: purpose @ Purpose::AgentUnreachable,
                     } => {
                         let waited = waiting_since.map(|t| t.elapsed().as_secs()).unwrap_or(0);
                         warn!(
@@ -170,7 +171,7 @@ impl Lane {
                         self.post_as(&mut turn, content, purpose, txn).await;
                     }
                     Step::Notice { text, purpose } => {
-                        if purpose == "turn-failed" {
+                        if purpose == Purpose::TurnFailed {
                             warn!(notice = %text, "turn did not complete");
                         }
                         self.post_notice(&mut turn, &text, purpose).await;
@@ -234,10 +235,10 @@ impl Lane {
             let edit = RoomMessageEventContentWithoutRelation::new(first.msgtype)
                 .make_replacement(ReplacementMetadata::new(id, None));
             let txn = render::final_edit_txn_id(&turn.turn, index);
-            self.post_as(turn, edit, "answer-final", txn).await;
+            self.post_as(turn, edit, Purpose::AnswerFinal, txn).await;
         }
         for content in parts {
-            self.post(turn, content, "answer").await;
+            self.post(turn, content, Purpose::Answer).await;
         }
     }
 
@@ -257,7 +258,7 @@ impl Lane {
             LiveStep::Post => {
                 let txn = render::live_txn_id(&turn.turn, turn.out_index);
                 let content = turn.target.markdown(&shown);
-                let id = self.post_as(turn, content, "answer-live", txn).await;
+                let id = self.post_as(turn, content, Purpose::AnswerLive, txn).await;
                 turn.live.event_id = id.map(|id| id.to_string());
                 turn.live.shown(now, chars, pace, None);
                 turn.live_text = shown;
@@ -277,7 +278,7 @@ impl Lane {
                 )
                 .make_replacement(ReplacementMetadata::new(id, None));
                 let posting = turn.progress.posting();
-                let wait = send::try_once(&self.room, edit, "answer-progress")
+                let wait = send::try_once(&self.room, edit, Purpose::AnswerProgress)
                     .await
                     .err();
                 drop(posting);
@@ -291,7 +292,7 @@ impl Lane {
         &self,
         turn: &mut Turn,
         text: &str,
-        purpose: &str,
+        purpose: Purpose,
     ) -> Option<OwnedEventId> {
         let content = turn.target.notice(text);
         self.post(turn, content, purpose).await
@@ -301,7 +302,7 @@ impl Lane {
         &self,
         turn: &mut Turn,
         content: RoomMessageEventContent,
-        purpose: &str,
+        purpose: Purpose,
     ) -> Option<OwnedEventId> {
         let txn = render::txn_id(&turn.turn, turn.out_index);
         turn.out_index += 1;
@@ -312,10 +313,10 @@ impl Lane {
         &self,
         turn: &mut Turn,
         content: RoomMessageEventContent,
-        purpose: &str,
+        purpose: Purpose,
         txn: OwnedTransactionId,
     ) -> Option<OwnedEventId> {
-        if purpose != "file" {
+        if purpose != Purpose::File {
             // A file's post waits for its upload, which is not latency.
             crate::latency::agent_to_send(turn.since.into_std());
         }
@@ -340,11 +341,11 @@ impl Lane {
                 None
             }
             Err(e @ PostError::AlreadyParked(_)) => {
-                info!(error = %e, purpose, txn_id = %txn, "not posting a parked message again");
+                info!(error = %e, %purpose, txn_id = %txn, "not posting a parked message again");
                 None
             }
             Err(e) => {
-                error!(error = %e, purpose, txn_id = %txn, "could not post to the room");
+                error!(error = %e, %purpose, txn_id = %txn, "could not post to the room");
                 None
             }
         }
@@ -362,7 +363,7 @@ impl Lane {
         let delivery = match result {
             Ok(content) => {
                 let content = turn.target.apply(content);
-                match self.post(turn, content, "file").await {
+                match self.post(turn, content, Purpose::File).await {
                     Some(id) => {
                         info!(event_id = %id, "file posted");
                         DeliveryResult {
@@ -390,7 +391,7 @@ impl Lane {
                     "file not sent"
                 );
                 let user_error = e.user_message();
-                self.post_notice(turn, &format!("⚠️ {user_error}"), "file-failed")
+                self.post_notice(turn, &format!("⚠️ {user_error}"), Purpose::FileFailed)
                     .await;
                 DeliveryResult {
                     request_id: f.request_id.clone(),
@@ -436,7 +437,7 @@ impl Lane {
         let encrypted = self.room.encryption_state().is_encrypted();
         let text = render::approval_prompt(&r, &turn.user, encrypted);
         let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
-        if let Some(prompt) = self.post(turn, content, "approval").await {
+        if let Some(prompt) = self.post(turn, content, Purpose::Approval).await {
             turn.progress.awaiting_user();
             waits.set_prompt_event(&r.request_id, prompt.as_str());
             if !encrypted {
@@ -460,7 +461,7 @@ impl Lane {
         });
         let text = render::question_prompt(&q, &turn.user);
         let content = prompts::with_mention(turn.target.markdown(&text), &turn.user);
-        if let Some(prompt) = self.post(turn, content, "question").await {
+        if let Some(prompt) = self.post(turn, content, Purpose::Question).await {
             turn.progress.awaiting_user();
             self.ctx
                 .waits
@@ -509,7 +510,7 @@ impl Lane {
                 txn: &txn,
                 thread_root: Some(target.root()),
                 about: Some(&target.event_id),
-                purpose: "timeout",
+                purpose: Purpose::Timeout,
             };
             if let Err(e) = send::post(&ctx, &room, target.notice(text), out).await {
                 warn!(error = %e, "could not post the timeout notice");

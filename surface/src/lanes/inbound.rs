@@ -15,6 +15,7 @@ use super::Lane;
 use crate::filename::pick_name;
 use crate::journal::{NewEvent, Stored};
 use crate::media::{self, DownloadRequest, MediaFields};
+use crate::purpose::Purpose;
 use crate::render;
 use crate::send::{self, Outgoing, PostError};
 
@@ -180,7 +181,8 @@ impl Lane {
                     reason = %e.failure,
                     "download failed"
                 );
-                self.tell(ev, &e.user_message(), "download-failed").await;
+                self.tell(ev, &e.user_message(), Purpose::DownloadFailed)
+                    .await;
                 Err(())
             }
         }
@@ -205,11 +207,11 @@ impl Lane {
         let text = "⚠️ I could not read this message back from my journal (it may have been \
                     stored by another version of me), so my agent did not get it. Please send \
                     it again.";
-        self.tell(ev, text, "unreadable-row").await;
+        self.tell(ev, text, Purpose::UnreadableRow).await;
     }
 
     /// Tells the room about a problem with message `ev`, under it.
-    async fn tell(&self, ev: &NewEvent, text: &str, purpose: &'static str) {
+    async fn tell(&self, ev: &NewEvent, text: &str, purpose: Purpose) {
         let Some(target) = self.target_for(&ev.event_id, ev.thread_root.as_deref()) else {
             return;
         };
@@ -226,7 +228,7 @@ impl Lane {
             Err(PostError::Refused(r)) => {
                 send::report_refusal(ctx, &self.room, out, Some(&target), &r).await;
             }
-            Err(pe) => warn!(error = %pe, purpose, "could not tell the room"),
+            Err(pe) => warn!(error = %pe, %purpose, "could not tell the room"),
         }
     }
 }

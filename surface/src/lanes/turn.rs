@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use protocol::{ApprovalRequest, AskUser, EndStatus, SendFile, ToSurface};
 
+use crate::purpose::Purpose;
 use crate::render;
 
 /// What happened.
@@ -41,7 +42,7 @@ pub enum Step {
         /// The text.
         text: String,
         /// What it is, for the journal and the log.
-        purpose: &'static str,
+        purpose: Purpose,
     },
     /// Upload and post a workspace file.
     SendFile(SendFile),
@@ -164,16 +165,16 @@ impl TurnState {
                     self.told = true;
                     steps.push(Step::Notice {
                         text: UNREACHABLE_NOTICE.to_owned(),
-                        purpose: "agent-unreachable",
+                        purpose: Purpose::AgentUnreachable,
                     });
                 }
             }
             Input::Quiet => {
                 self.flush(&mut steps);
                 let (text, purpose, outcome) = if self.recovering {
-                    (LOST_NOTICE, "turn-lost", Outcome::Lost)
+                    (LOST_NOTICE, Purpose::TurnLost, Outcome::Lost)
                 } else {
-                    (TIMEOUT_NOTICE, "turn-timeout", Outcome::Timeout)
+                    (TIMEOUT_NOTICE, Purpose::TurnTimeout, Outcome::Timeout)
                 };
                 steps.push(Step::Notice {
                     text: text.to_owned(),
@@ -222,7 +223,7 @@ impl TurnState {
                         .unwrap_or_else(|| format!("{:?}", e.status).to_lowercase());
                     steps.push(Step::Notice {
                         text: format!("⚠️ I could not finish this: {why}"),
-                        purpose: "turn-failed",
+                        purpose: Purpose::TurnFailed,
                     });
                 }
                 steps.push(Step::Finish(Outcome::Ended));
@@ -244,7 +245,7 @@ impl TurnState {
                     self.flush(steps);
                     steps.push(Step::Notice {
                         text: render::tool_notice(&name, &args, r.ok, &r.output),
-                        purpose: "tool",
+                        purpose: Purpose::Tool,
                     });
                 }
             }
@@ -265,7 +266,7 @@ impl TurnState {
                     self.flush(steps);
                     steps.push(Step::Notice {
                         text: text.to_owned(),
-                        purpose: "agent-notice",
+                        purpose: Purpose::AgentNotice,
                     });
                 }
             }
@@ -337,7 +338,7 @@ mod tests {
         msg(json!({"type": "end", "turn": "$t", "status": status}))
     }
 
-    fn notice(text: &str, purpose: &'static str) -> Step {
+    fn notice(text: &str, purpose: Purpose) -> Step {
         Step::Notice {
             text: text.to_owned(),
             purpose,
@@ -362,7 +363,7 @@ mod tests {
     }
 
     fn unreachable() -> Step {
-        notice(UNREACHABLE_NOTICE, "agent-unreachable")
+        notice(UNREACHABLE_NOTICE, Purpose::AgentUnreachable)
     }
 
     #[test]
@@ -427,7 +428,7 @@ mod tests {
                     vec![Step::Progress],
                     vec![
                         answer("partial"),
-                        notice("⚠️ I could not finish this: failed", "turn-failed"),
+                        notice("⚠️ I could not finish this: failed", Purpose::TurnFailed),
                         Step::Finish(Outcome::Ended),
                     ],
                 ],
@@ -454,7 +455,7 @@ mod tests {
                     vec![Step::Progress],
                     vec![
                         answer("so far"),
-                        notice("🎤 voice message: “hello”", "agent-notice"),
+                        notice("🎤 voice message: “hello”", Purpose::AgentNotice),
                     ],
                     vec![],
                     vec![],
@@ -519,7 +520,7 @@ mod tests {
                     vec![],
                     vec![notice(
                         &render::tool_notice("list_files", "{\"a\":1}", true, "3 files"),
-                        "tool",
+                        Purpose::Tool,
                     )],
                 ],
             ),
@@ -539,7 +540,7 @@ mod tests {
                     vec![Step::Progress],
                     vec![
                         answer("half"),
-                        notice(TIMEOUT_NOTICE, "turn-timeout"),
+                        notice(TIMEOUT_NOTICE, Purpose::TurnTimeout),
                         Step::Finish(Outcome::Timeout),
                     ],
                 ],
@@ -556,7 +557,7 @@ mod tests {
                     vec![Step::Recover],
                     vec![],
                     vec![
-                        notice(LOST_NOTICE, "turn-lost"),
+                        notice(LOST_NOTICE, Purpose::TurnLost),
                         Step::Finish(Outcome::Lost),
                     ],
                 ],
@@ -624,7 +625,7 @@ mod tests {
                     vec![Step::Recover],
                     vec![
                         answer("half"),
-                        notice(LOST_NOTICE, "turn-lost"),
+                        notice(LOST_NOTICE, Purpose::TurnLost),
                         Step::Finish(Outcome::Lost),
                     ],
                 ],

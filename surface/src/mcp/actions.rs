@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::feed;
 use crate::context::Ctx;
 use crate::media;
+use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing, PostError};
 use crate::workspace::ChatScope;
@@ -86,7 +87,7 @@ async fn post(
     content: matrix_sdk::ruma::events::room::message::RoomMessageEventContent,
     key: Option<&str>,
     target: Option<&ReplyTarget>,
-    purpose: &str,
+    purpose: Purpose,
 ) -> Result<Value, String> {
     let txn = render::mcp_txn_id(room.room_id().as_str(), key);
     let out = Outgoing {
@@ -97,7 +98,7 @@ async fn post(
     };
     match send::post(ctx, room, content, out).await {
         Ok(id) => {
-            info!(room_id = %room.room_id(), event_id = %id, purpose, "posted for an MCP client");
+            info!(room_id = %room.room_id(), event_id = %id, %purpose, "posted for an MCP client");
             Ok(json!({ "event_id": id }))
         }
         Err(PostError::Refused(r)) => Err(format!("the homeserver refused the post: {r}")),
@@ -128,7 +129,7 @@ pub async fn send_text(ctx: &Ctx, a: &feed::Send) -> Result<Value, String> {
         None => render::safe_markdown(&a.text),
     };
     let key = a.idempotency_key.as_deref();
-    post(ctx, &room, content, key, target.as_ref(), "mcp").await
+    post(ctx, &room, content, key, target.as_ref(), Purpose::Mcp).await
 }
 
 /// `matrix.send_file`: a workspace file the room may reach (its inbox, outbox or chat folder),
@@ -147,7 +148,7 @@ pub async fn send_file(ctx: &Ctx, a: &feed::SendFile) -> Result<Value, String> {
         content = t.apply(content);
     }
     let key = a.idempotency_key.as_deref();
-    post(ctx, &room, content, key, target.as_ref(), "mcp-file").await
+    post(ctx, &room, content, key, target.as_ref(), Purpose::McpFile).await
 }
 
 /// `matrix.set_read_marker`: the bot's fully-read marker and read receipt at the event.
