@@ -1,6 +1,50 @@
 //! The Matrix surface: the only process that talks to Matrix. It journals incoming messages,
 //! downloads their media into the shared workspace, runs one lane per chat that forwards turns
 //! to the agent over a WebSocket, and renders the agent's answers back into the room.
+//!
+//! Module map, top to bottom; a module imports only modules listed below it (the layers are
+//! checked by `e2e/tests/it/layers.rs`):
+//! * [`sync`]: the sync loop: every timeline event journaled before anything acts on it, gaps
+//!   backfilled, invites from allowed users joined.
+//! * [`undecrypted`]: events that arrived before their room key: tried again when keys arrive,
+//!   the room told after `SURFACE_KEY_WAIT`.
+//! * [`ingest`]: a sync's events classified ([`decide`]), journaled in one transaction, then
+//!   acted on (answers to waits, redactions, `!mode`, waking lanes).
+//! * [`mcp`]: the optional MCP server for outside orchestrators (`SURFACE_MCP_BIND`).
+//! * [`outbound`]: posting files dropped into `outbox/` folders; the inbox retention sweep.
+//! * [`lanes`]: one task per chat taking its journaled events in order: download, store the
+//!   turn, send it, run it through the pure turn state machine.
+//! * [`prompts`]: the reactions under an approval prompt and the outcome shown on it.
+//! * [`doctor`]: `surface doctor`, "why no reply?" (probe, then pure findings).
+//! * [`send`]: posting so that nothing is lost or posted twice; refusals parked and reported.
+//! * [`context`]: [`context::Ctx`], the state every part shares, built once in [`run`].
+//! * [`waits`]: questions and approval prompts waiting for a user's answer.
+//! * [`agent_link`]: a chat's durable link to its agent: handshake, resends, reconnects.
+//! * [`media`]: streaming downloads and uploads (encrypted in encrypted rooms), media that
+//!   looks native.
+//! * [`members`]: senders' display names, remembered per room.
+//! * [`outbox`]: watching the `outbox/` folders for complete files.
+//! * [`retention`]: removing old inbox files and stale temporary downloads.
+//! * [`session`]: logging in once and staying the same device.
+//! * [`connection`]: the one typed WebSocket connection to the agent.
+//! * [`event`]: where walking back through a room's history stops (pure).
+//! * [`logging`]: tracing set-up; noise and credentials left out where lines are written.
+//! * [`trust`]: the bot's cross-signing identity and key backup, set up or restored.
+//! * [`workspace`]: the surface's view of `/workspace`, beneath one directory handle.
+//! * [`config`]: the typed configuration, validated before anything logs in or binds.
+//! * [`decide`]: what an incoming event means for the bot (pure, table-tested).
+//! * [`filename`]: a name a Matrix user chose, made a safe file name.
+//! * [`health`]: `/healthz` and `/livez`, from an accept loop that strangers cannot exhaust.
+//! * [`inbound`]: every timeline event parsed once, with ruma's types, into [`inbound::Inbound`].
+//! * [`journal`]: the durable delivery journal (sqlite): events, turns, sends, room settings.
+//! * [`lane_registry`]: which chats have a running lane, and how to wake each.
+//! * [`latency`]: where the surface's own time goes, for the benchmark.
+//! * [`metrics`]: every Prometheus metric's name and help text, and the exporter.
+//! * [`mime`]: a file's MIME type from its bytes, its declaration and its name.
+//! * [`purpose`]: [`purpose::Purpose`], why the bot posts something.
+//! * [`render`]: agent output as room events, with transaction ids derived from their cause.
+//! * [`retry`]: the one retry decision for requests to the homeserver.
+//! * [`route`]: which agent a chat talks to (rendezvous hashing over `AGENT_URL`).
 
 pub mod agent_link;
 pub mod config;
