@@ -13,19 +13,21 @@
 //! * [`tools`]: the typed tool registry applying the policies; the tools themselves (files,
 //!   questions, memory) and those of the operator's MCP servers (`server__tool`).
 //! * [`link`]: the way from a turn to the surface and back: emit, ask, wait for approvals.
+//! * [`perceive`]: what the agent makes of files people send: pictures prepared for vision
+//!   models (cached per file version), speech transcribed, PDF text extracted.
 //! * [`chat`]: one chat's durable history, its turn lane and current connection; admission by
 //!   message id (decide and store under one lock).
 //! * [`describe`]: MIME sniffing, hashes, image sizes and previews of files.
-//! * [`perceive`]: what the agent makes of files people send: pictures prepared for vision
-//!   models (cached per file version), speech transcribed, PDF text extracted.
 //! * [`speaker`]: who wrote a turn, as the brains show it (a member's display name, cleaned,
 //!   beside the user id).
 //! * [`config`]: the typed configuration from environment variables (secrets redacted), tool
 //!   policies included.
 //! * [`confine`]: opening files beneath the workspace handle; what a chat may touch.
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
-//! * [`store`]: one append-only log per chat (a JSON line per change, fsynced), indexed in
-//!   memory; older single-record chats converted on load.
+//! * [`logging`]: the binary's tracing set-up, with the surface's credential rule.
+//! * [`metrics`]: every Prometheus metric's name and help text, and the exporter.
+//! * [`store`]: one append-only log per chat (a JSON line per change), indexed in memory;
+//!   older single-record chats converted on load.
 //! * [`memory`]: the durable fact store of the memory tools: one file per Matrix user and per
 //!   room, replaced atomically under a per-scope lock.
 

@@ -1,8 +1,11 @@
 //! Durable per-chat history: an append-only log per chat under the state directory
-//! (`chats/<chat>.jsonl`), one JSON line per change, each written and fsynced before the
-//! change counts. Only a compact index of the log stays in memory (a few dozen bytes per turn,
-//! whatever the messages' size); turns are read back from the log when a brain or a replay
-//! needs them.
+//! (`chats/<chat>.jsonl`), one JSON line per change, each written before the change counts
+//! and fsynced when it is a promise: a turn's admission (before its `ack`), what was perceived,
+//! an approval remembered for good. A turn's end is not fsynced but rides on the next fsync: if
+//! a power loss takes it, the turn runs again and the surface's transaction ids keep its posts
+//! from appearing twice. Only a compact index of the log stays in memory (a few dozen bytes
+//! per turn, whatever the messages' size); turns are read back from the log when a brain or a
+//! replay needs them.
 //!
 //! Each line is an object tagged by `type`:
 //! * `header`: the first line: format version ([`FORMAT_VERSION`]) and chat id.
@@ -11,8 +14,8 @@
 //! * `end`: how turn `id` ended ([`TurnEnd`]); a later one for the same id wins.
 //! * `allow`: a `(tool, resource)` pair the user allowed for good.
 //!
-//! Every line is fsynced before the next is written, so a crash can only leave the last line
-//! incomplete: loading cuts such a torn tail off (it was never acknowledged). An unreadable
+//! Lines are only ever appended, so a crash can only leave the end of the log incomplete:
+//! loading cuts a torn last line off (nothing acknowledged rests on it). An unreadable
 //! line anywhere else is corruption: reported, never overwritten. A chat stored by an older
 //! agent as one JSON record (`chats/<chat>.json`) is converted to a log on first load.
 
