@@ -154,52 +154,10 @@ pub async fn run_with(
     mcp_listener: Option<tokio::net::TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let workspace = Workspace::open(&config.workspace_root)
-        .with_context(|| "WORKSPACE_ROOT is not usable".to_owned())?;
-    let partials = workspace.remove_partials();
-    if partials > 0 {
-        info!(
-            count = partials,
-            "removed partial downloads left by an earlier run"
-        );
-    }
-    std::fs::create_dir_all(&config.state_dir).with_context(|| {
-        format!(
-            "SURFACE_STATE_DIR {} cannot be created",
-            config.state_dir.display()
-        )
-    })?;
-    let journal = Arc::new(
-        Journal::open(&config.state_dir.join("journal.sqlite")).context("opening the journal")?,
-    );
-    let upload_cache = UploadCache::open(&config.state_dir).context("opening the upload cache")?;
+    let (workspace, journal, upload_cache) = open_state(&config)?;
     let health = Arc::new(Health::default());
     health.set_parked_sends(journal.parked_count().context("reading the journal")?);
-    if let Some(handle) = metrics::install() {
-        let (weak, journal) = (Arc::downgrade(&health), journal.clone());
-        let render = move || {
-            let snap = weak.upgrade().map(|h| h.snapshot());
-            let backlog = journal.backlog().unwrap_or_default();
-            let now_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
-            let state = metrics::State {
-                since_sync: snap.as_ref().and_then(|s| s.last_sync).map(|t| t.elapsed()),
-                backlog: (
-                    backlog.unhandled,
-                    Duration::from_millis(
-                        backlog.oldest_ms.map_or(0, |o| now_ms.saturating_sub(o)),
-                    ),
-                ),
-                undecryptable: backlog.waiting_for_keys,
-                parked: snap.as_ref().map_or(0, |s| s.parked_sends),
-                agent_up: snap.as_ref().is_some_and(|s| s.agent_up),
-                workspace_ok: snap.as_ref().is_none_or(|s| s.workspace_ok),
-            };
-            metrics::render(&handle, &state)
-        };
-        health.set_metrics(Arc::new(render));
-    }
+    install_metrics(&health, &journal);
     let tracker = TaskTracker::new();
     tracker.spawn({
         let health = health.clone();
@@ -241,7 +199,88 @@ pub async fn run_with(
         bot_display_name: RwLock::new(display_name),
         started_ms,
     });
+    spawn_tasks(&ctx, mcp_listener);
+    for chat in ctx.journal.chats_with_work()? {
+        lanes::poke(&ctx, chat);
+    }
+    sync::register_handlers(&ctx);
+    sync::catch_up_all(&ctx).await;
+    let result = sync::run(ctx.clone()).await;
+    if let Err(e) = &result {
+        error!(error = %e, "sync stopped");
+    }
 
+    info!("shutting down");
+    shutdown.cancel();
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!("some tasks did not finish in time; they resume after restart");
+    }
+    result.context("matrix sync failed")
+}
+
+/// Opens what the surface keeps on disk: the workspace (partial downloads of an earlier run
+/// removed), the state directory's journal and upload cache.
+fn open_state(config: &Config) -> anyhow::Result<(Workspace, Arc<Journal>, UploadCache)> {
+    let workspace = Workspace::open(&config.workspace_root)
+        .with_context(|| "WORKSPACE_ROOT is not usable".to_owned())?;
+    let partials = workspace.remove_partials();
+    if partials > 0 {
+        info!(
+            count = partials,
+            "removed partial downloads left by an earlier run"
+        );
+    }
+    std::fs::create_dir_all(&config.state_dir).with_context(|| {
+        format!(
+            "SURFACE_STATE_DIR {} cannot be created",
+            config.state_dir.display()
+        )
+    })?;
+    let journal = Arc::new(
+        Journal::open(&config.state_dir.join("journal.sqlite")).context("opening the journal")?,
+    );
+    let upload_cache = UploadCache::open(&config.state_dir).context("opening the upload cache")?;
+    Ok((workspace, journal, upload_cache))
+}
+
+/// Installs the `/metrics` exporter (when this process has none yet), rendered from `health`
+/// and the journal's backlog at each scrape.
+fn install_metrics(health: &Arc<Health>, journal: &Arc<Journal>) {
+    let Some(handle) = metrics::install() else {
+        return;
+    };
+    let (weak, journal) = (Arc::downgrade(health), journal.clone());
+    let render = move || {
+        let snap = weak.upgrade().map(|h| h.snapshot());
+        let backlog = journal.backlog().unwrap_or_default();
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let state = metrics::State {
+            since_sync: snap.as_ref().and_then(|s| s.last_sync).map(|t| t.elapsed()),
+            backlog: (
+                backlog.unhandled,
+                Duration::from_millis(backlog.oldest_ms.map_or(0, |o| now_ms.saturating_sub(o))),
+            ),
+            undecryptable: backlog.waiting_for_keys,
+            parked: snap.as_ref().map_or(0, |s| s.parked_sends),
+            agent_up: snap.as_ref().is_some_and(|s| s.agent_up),
+            workspace_ok: snap.as_ref().is_none_or(|s| s.workspace_ok),
+        };
+        metrics::render(&handle, &state)
+    };
+    health.set_metrics(Arc::new(render));
+}
+
+/// Starts the surface's background work on its tracker: the MCP server (when configured),
+/// a watch of each agent, the outbox and retention, undecrypted events, and the bot's
+/// cross-signing identity.
+fn spawn_tasks(ctx: &Ctx, mcp_listener: Option<tokio::net::TcpListener>) {
+    let tracker = &ctx.tracker;
     if let (Some(listener), Some(m)) = (mcp_listener, &ctx.config.mcp) {
         tracker.spawn(mcp::serve(ctx.clone(), listener, m.token.clone()));
     }
@@ -266,24 +305,4 @@ pub async fn run_with(
             }
         }
     });
-    for chat in ctx.journal.chats_with_work()? {
-        lanes::poke(&ctx, chat);
-    }
-    sync::register_handlers(&ctx);
-    sync::catch_up_all(&ctx).await;
-    let result = sync::run(ctx.clone()).await;
-    if let Err(e) = &result {
-        error!(error = %e, "sync stopped");
-    }
-
-    info!("shutting down");
-    shutdown.cancel();
-    tracker.close();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
-        .await
-        .is_err()
-    {
-        warn!("some tasks did not finish in time; they resume after restart");
-    }
-    result.context("matrix sync failed")
 }

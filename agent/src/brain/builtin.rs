@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use protocol::WorkspacePath;
 use serde_json::json;
 
-use super::{Brain, BrainError, TurnInput};
+use super::{Brain, BrainError, TurnInput, TurnRecord};
 use crate::config::MCP_SEPARATOR;
 use crate::describe::display_name;
 use crate::memory::parse_id;
@@ -167,55 +167,57 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
     let turn = &input.turn;
     let attachments: Vec<&WorkspacePath> = turn.all_attachments().collect();
     for path in &attachments {
-        let block = match io.describe(path).await {
-            Ok(mut d) => {
-                if let Some(info) = turn.attachment_info.get(*path) {
-                    d.name = info.name.clone();
-                    d.media_note = crate::describe::media_note(info);
-                }
-                d.for_people()
-            }
-            Err(e) => format!(
-                "File: {}\n- could not read it: {e}\n",
-                display_name(path.file_name())
-            ),
-        };
-        // What was heard in a recording, transcribed before the turn ran.
-        let heard = turn.perceived.get(*path).map(|p| {
-            let info = turn.attachment_info.get(*path);
-            format!(
-                "- {}\n",
-                crate::perceive::heard_line(
-                    p,
-                    info.is_some_and(|i| i.voice),
-                    info.and_then(|i| i.duration_ms)
-                )
-            )
-        });
-        io.say(format!("{block}{}\n", heard.unwrap_or_default()))
-            .await?;
+        let block = attachment(turn, io, path).await;
+        io.say(block).await?;
     }
+    let command = parse(&turn.text, test_hooks);
+    let reply = reply(command, input, io, !attachments.is_empty()).await?;
+    io.say(reply).await?;
+    Ok(())
+}
 
-    let reply = match parse(&turn.text, test_hooks) {
+/// What is said about one of the turn's files: its description and, for a recording, what
+/// was heard in it (transcribed before the turn ran).
+async fn attachment(turn: &TurnRecord, io: &mut TurnIo, path: &WorkspacePath) -> String {
+    let block = match io.describe(path).await {
+        Ok(mut d) => {
+            if let Some(info) = turn.attachment_info.get(path) {
+                d.name = info.name.clone();
+                d.media_note = crate::describe::media_note(info);
+            }
+            d.for_people()
+        }
+        Err(e) => format!(
+            "File: {}\n- could not read it: {e}\n",
+            display_name(path.file_name())
+        ),
+    };
+    let heard = turn.perceived.get(path).map(|p| {
+        let info = turn.attachment_info.get(path);
+        format!(
+            "- {}\n",
+            crate::perceive::heard_line(
+                p,
+                info.is_some_and(|i| i.voice),
+                info.and_then(|i| i.duration_ms)
+            )
+        )
+    });
+    format!("{block}{}\n", heard.unwrap_or_default())
+}
+
+/// The answer to `command`; `attachments`: whether the turn brought files (which text that is
+/// no command then only accompanies).
+async fn reply(
+    command: Command<'_>,
+    input: &TurnInput,
+    io: &mut TurnIo,
+    attachments: bool,
+) -> Result<String, BrainError> {
+    Ok(match command {
         Command::Help => HELP.to_owned(),
-        Command::Files(paths) => {
-            let out = io.call_tool("list_files", "{}").await;
-            if out.ok {
-                files_for_people(&out.output, std::time::SystemTime::now(), paths)
-            } else {
-                format!("I could not list the files: {}", out.output)
-            }
-        }
-        Command::Read(target) => {
-            let path = resolve(io, target).await;
-            let args = json!({ "path": path, "max_bytes": READ_BYTES }).to_string();
-            let out = io.call_tool("read_file", &args).await;
-            if out.ok {
-                format!("{}:\n{}", file_label(&path), out.output)
-            } else {
-                format!("I could not read {path}: {}", out.output)
-            }
-        }
+        Command::Files(paths) => files(io, paths).await,
+        Command::Read(target) => read(io, target).await,
         Command::Send(target) => {
             let path = resolve(io, target).await;
             send(io, &path, false).await
@@ -224,89 +226,155 @@ async fn run(input: &TurnInput, io: &mut TurnIo, test_hooks: bool) -> Result<(),
             let path = resolve(io, target).await;
             send(io, &path, true).await
         }
-        Command::SendRaw(target) => match WorkspacePath::new(target) {
-            Ok(path) => {
-                io.send_file_unchecked(path.clone()).await?;
-                format!("Sent {path} (unchecked).")
-            }
-            Err(e) => format!("I could not send {target}: invalid path: {e}"),
-        },
-        Command::Note(name, body) => {
-            let path = format!("{}/{name}", io.scope().own_dir());
-            let args = json!({ "path": path, "content": body }).to_string();
-            let wrote = io.call_tool("write_file", &args).await;
-            if wrote.ok {
-                let sent = send(io, &path, false).await;
-                format!("Wrote {} ({} bytes). {sent}", file_label(&path), body.len())
-            } else {
-                format!("I could not write {path}: {}", wrote.output)
-            }
-        }
-        Command::Ask(question) => {
-            let args = json!({ "question": question }).to_string();
-            let answer = io.call_tool("ask_user", &args).await;
-            if answer.ok {
-                format!("You answered: {}", quoted(&answer.output))
-            } else {
-                format!("I could not ask: {}", answer.output)
-            }
-        }
-        Command::Approve(action) => {
-            let args = json!({ "action": action }).to_string();
-            let out = io.call_tool("dangerous_action", &args).await;
-            if out.ok {
-                format!("Approved: {}", quoted(action))
-            } else {
-                format!("Denied: {} ({})", quoted(action), out.output)
-            }
-        }
+        Command::SendRaw(target) => send_raw(io, target).await?,
+        Command::Note(name, body) => note(io, name, body).await,
+        Command::Ask(question) => ask(io, question).await,
+        Command::Approve(action) => approve(io, action).await,
         Command::History => history(input),
         Command::Remember(fact) => remember(io, fact, "user").await,
         Command::RememberRoom(fact) => remember(io, fact, "room").await,
         Command::Recall(query) => recall(io, query).await,
-        Command::Forget(id) => {
-            let args = json!({ "id": id }).to_string();
-            let out = io.call_tool("forget", &args).await;
-            if out.ok {
-                format!("Forgot {}.", quoted(id))
-            } else {
-                format!("I could not forget {}: {}", quoted(id), out.output)
-            }
-        }
-        Command::Mcp(name, args) => {
-            let out = io.call_tool(&name, args).await;
-            if out.ok {
-                out.output
-            } else {
-                format!("The MCP call failed: {}", out.output)
-            }
-        }
-        Command::ApproveThrice(action) => {
-            let args = json!({ "action": action }).to_string();
-            let mut outcomes = Vec::new();
-            for _ in 0..3 {
-                let out = io.call_tool("dangerous_action", &args).await;
-                outcomes.push(if out.ok { "approved" } else { "denied" });
-            }
-            format!("Three times {}: {}", quoted(action), outcomes.join(", "))
-        }
+        Command::Forget(id) => forget(io, id).await,
+        Command::Mcp(name, args) => mcp(io, &name, args).await,
+        Command::ApproveThrice(action) => approve_thrice(io, action).await,
         Command::Sleep(ms) => {
             tokio::time::sleep(Duration::from_millis(ms)).await;
             format!("Slept {ms} ms.")
         }
-        Command::Other(text) => {
-            if !attachments.is_empty() && (text.is_empty() || text.starts_with("User sent")) {
-                String::new()
-            } else {
-                format!(
-                    "I received your message: {}. Say `help` for what I can do.",
-                    quoted(text)
-                )
-            }
+        Command::Other(text) => other(text, attachments),
+    })
+}
+
+/// Calls `tool` with `args`: `ok` of its output when it succeeded, `failed` of it otherwise.
+async fn calling(
+    io: &mut TurnIo,
+    tool: &str,
+    args: &str,
+    ok: impl FnOnce(String) -> String,
+    failed: impl FnOnce(String) -> String,
+) -> String {
+    let out = io.call_tool(tool, args).await;
+    if out.ok {
+        ok(out.output)
+    } else {
+        failed(out.output)
+    }
+}
+
+async fn files(io: &mut TurnIo, paths: bool) -> String {
+    let now = std::time::SystemTime::now();
+    calling(
+        io,
+        "list_files",
+        "{}",
+        |listing| files_for_people(&listing, now, paths),
+        |e| format!("I could not list the files: {e}"),
+    )
+    .await
+}
+
+async fn read(io: &mut TurnIo, target: &str) -> String {
+    let path = resolve(io, target).await;
+    let args = json!({ "path": path, "max_bytes": READ_BYTES }).to_string();
+    calling(
+        io,
+        "read_file",
+        &args,
+        |text| format!("{}:\n{text}", file_label(&path)),
+        |e| format!("I could not read {path}: {e}"),
+    )
+    .await
+}
+
+async fn send_raw(io: &mut TurnIo, target: &str) -> Result<String, BrainError> {
+    Ok(match WorkspacePath::new(target) {
+        Ok(path) => {
+            io.send_file_unchecked(path.clone()).await?;
+            format!("Sent {path} (unchecked).")
         }
-    };
-    io.say(reply).await?;
-    Ok(())
+        Err(e) => format!("I could not send {target}: invalid path: {e}"),
+    })
+}
+
+async fn note(io: &mut TurnIo, name: &str, body: &str) -> String {
+    let path = format!("{}/{name}", io.scope().own_dir());
+    let args = json!({ "path": path, "content": body }).to_string();
+    let wrote = io.call_tool("write_file", &args).await;
+    if wrote.ok {
+        let sent = send(io, &path, false).await;
+        format!("Wrote {} ({} bytes). {sent}", file_label(&path), body.len())
+    } else {
+        format!("I could not write {path}: {}", wrote.output)
+    }
+}
+
+async fn ask(io: &mut TurnIo, question: &str) -> String {
+    let args = json!({ "question": question }).to_string();
+    calling(
+        io,
+        "ask_user",
+        &args,
+        |answer| format!("You answered: {}", quoted(&answer)),
+        |e| format!("I could not ask: {e}"),
+    )
+    .await
+}
+
+async fn approve(io: &mut TurnIo, action: &str) -> String {
+    let args = json!({ "action": action }).to_string();
+    calling(
+        io,
+        "dangerous_action",
+        &args,
+        |_| format!("Approved: {}", quoted(action)),
+        |e| format!("Denied: {} ({e})", quoted(action)),
+    )
+    .await
+}
+
+async fn forget(io: &mut TurnIo, id: &str) -> String {
+    let args = json!({ "id": id }).to_string();
+    calling(
+        io,
+        "forget",
+        &args,
+        |_| format!("Forgot {}.", quoted(id)),
+        |e| format!("I could not forget {}: {e}", quoted(id)),
+    )
+    .await
+}
+
+async fn mcp(io: &mut TurnIo, name: &str, args: &str) -> String {
+    calling(
+        io,
+        name,
+        args,
+        |text| text,
+        |e| format!("The MCP call failed: {e}"),
+    )
+    .await
+}
+
+async fn approve_thrice(io: &mut TurnIo, action: &str) -> String {
+    let args = json!({ "action": action }).to_string();
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let out = io.call_tool("dangerous_action", &args).await;
+        outcomes.push(if out.ok { "approved" } else { "denied" });
+    }
+    format!("Three times {}: {}", quoted(action), outcomes.join(", "))
+}
+
+/// The answer to text that is no command: nothing when it only accompanies files.
+fn other(text: &str, attachments: bool) -> String {
+    if attachments && (text.is_empty() || text.starts_with("User sent")) {
+        String::new()
+    } else {
+        format!(
+            "I received your message: {}. Say `help` for what I can do.",
+            quoted(text)
+        )
+    }
 }
 
 /// How a file is named to people: its original name, never the workspace path.

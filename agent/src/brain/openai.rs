@@ -74,6 +74,66 @@ impl Brain for OpenAi {
     }
 }
 
+/// The tools of the turn as the chat completions API takes them.
+async fn tool_definitions(io: &TurnIo) -> Vec<Value> {
+    io.tool_specs()
+        .await
+        .into_iter()
+        .map(|s| {
+            json!({
+                "type": "function",
+                "function": {
+                    "name": s.name,
+                    "description": s.description,
+                    "parameters": s.parameters,
+                }
+            })
+        })
+        .collect()
+}
+
+/// What the room is told when the model hit its length limit, in its answer or in a call.
+fn cut_off_note(no_calls: bool) -> &'static str {
+    if no_calls {
+        "\n\n(My answer was cut off: the model reached its length limit.)"
+    } else {
+        "\n\n(The model reached its length limit in the middle of a tool call, so I \
+         ran nothing.)"
+    }
+}
+
+/// The round's calls, each with an id (`call_<round>_<i>` for one the server left without).
+fn with_ids(calls: Vec<PendingCall>, round: usize) -> Vec<PendingCall> {
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            if c.id.is_empty() {
+                c.id = format!("call_{round}_{i}");
+            }
+            c
+        })
+        .collect()
+}
+
+/// The model's own message of a round, as the next request repeats it: its text and calls.
+fn assistant_message(content: String, calls: &[PendingCall]) -> Value {
+    let mut assistant = json!({ "role": "assistant", "content": content });
+    if !calls.is_empty() {
+        assistant["tool_calls"] = calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": { "name": c.name, "arguments": c.arguments },
+                })
+            })
+            .collect();
+    }
+    assistant
+}
+
 impl OpenAi {
     #[instrument(skip_all, fields(chat_id = %input.chat_id, turn = %input.turn.id, model = %self.config.model))]
     async fn run(&self, input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
@@ -81,21 +141,7 @@ impl OpenAi {
         if withheld {
             self.tell_blind(input, io).await?;
         }
-        let tools: Vec<Value> = io
-            .tool_specs()
-            .await
-            .into_iter()
-            .map(|s| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": s.name,
-                        "description": s.description,
-                        "parameters": s.parameters,
-                    }
-                })
-            })
-            .collect();
+        let tools = tool_definitions(io).await;
         let mut calls_made = CallsMade::default();
         let rounds = self.config.tuning.max_rounds;
         for round in 0..rounds {
@@ -114,58 +160,16 @@ impl OpenAi {
                     calls = assembled.calls.len(),
                     "completion cut off by the token limit"
                 );
-                let note = if assembled.calls.is_empty() {
-                    "\n\n(My answer was cut off: the model reached its length limit.)"
-                } else {
-                    "\n\n(The model reached its length limit in the middle of a tool call, so I \
-                     ran nothing.)"
-                };
-                io.say(note).await?;
+                io.say(cut_off_note(assembled.calls.is_empty())).await?;
                 return Ok(());
             }
-            let calls: Vec<PendingCall> = assembled
-                .calls
-                .into_iter()
-                .enumerate()
-                .map(|(i, mut c)| {
-                    if c.id.is_empty() {
-                        c.id = format!("call_{round}_{i}");
-                    }
-                    c
-                })
-                .collect();
-            let mut assistant = json!({ "role": "assistant", "content": assembled.content });
-            if !calls.is_empty() {
-                assistant["tool_calls"] = calls
-                    .iter()
-                    .map(|c| {
-                        json!({
-                            "id": c.id,
-                            "type": "function",
-                            "function": { "name": c.name, "arguments": c.arguments },
-                        })
-                    })
-                    .collect();
-            }
-            messages.push(assistant);
+            let calls = with_ids(assembled.calls, round);
+            messages.push(assistant_message(assembled.content, &calls));
             if calls.is_empty() {
                 return Ok(());
             }
-            let mut pictures = Vec::new();
-            for call in calls {
-                let (content, picture) = self.run_call(&call, &mut calls_made, io).await;
-                messages.push(json!({
-                    "role": "tool",
-                    "tool_call_id": call.id,
-                    "content": content,
-                }));
-                pictures.extend(picture);
-            }
-            // Tool results carry text only: pictures a tool showed follow them as a user
-            // message.
-            if !pictures.is_empty() {
-                messages.push(self.pictures_message(&pictures, io).await);
-            }
+            self.run_calls(calls, &mut calls_made, io, &mut messages)
+                .await;
             if calls_made.repeats >= MAX_REPEATS {
                 warn!(round, "the model keeps repeating tool calls; stopping");
                 return Err(BrainError::Stopped(
@@ -177,6 +181,30 @@ impl OpenAi {
         Err(BrainError::Stopped(format!(
             "the model was still calling tools after {rounds} rounds, so I stopped it"
         )))
+    }
+
+    /// Runs the round's `calls` in order and adds their results to `messages`; pictures a
+    /// tool showed follow them as a user message (tool results carry text only).
+    async fn run_calls(
+        &self,
+        calls: Vec<PendingCall>,
+        made: &mut CallsMade,
+        io: &mut TurnIo,
+        messages: &mut Vec<Value>,
+    ) {
+        let mut pictures = Vec::new();
+        for call in calls {
+            let (content, picture) = self.run_call(&call, made, io).await;
+            messages.push(json!({
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": content,
+            }));
+            pictures.extend(picture);
+        }
+        if !pictures.is_empty() {
+            messages.push(self.pictures_message(&pictures, io).await);
+        }
     }
 
     /// Runs one tool call unless it repeats an earlier identical one (a model in a loop would

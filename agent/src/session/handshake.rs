@@ -3,10 +3,12 @@
 //! processes see the same workspace.
 
 use protocol::{
-    ChatId, ErrorCode, Hello, PROTOCOL_VERSION, Sentinel, ToAgent, WorkspaceCheck, WorkspacePath,
+    ChatId, ErrorCode, Hello, PROTOCOL_VERSION, Sentinel, ToAgent, Welcome, WorkspaceCheck,
+    WorkspacePath,
 };
 use tracing::{error, info, info_span, warn};
 
+use crate::chat::Chat;
 use crate::config::Limits;
 use crate::confine::Workspace;
 use crate::connection::{CloseReason, Connection, Outbox};
@@ -45,9 +47,29 @@ pub(super) async fn handshake(
     None
 }
 
+/// Answers `hello` with `welcome`: the chat's last stored sequence number and the workspace
+/// check. `false` if the connection is already gone.
+pub(super) async fn welcome(
+    workspace: &Workspace,
+    chat: &Chat,
+    out: &Outbox,
+    hello: Hello,
+) -> bool {
+    info!(surface = %hello.surface, "handshake");
+    let workspace = check_workspace(workspace, &chat.id, hello.workspace_sentinel).await;
+    let welcome = Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        agent: env!("CARGO_PKG_NAME").to_owned(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        last_seq: chat.last_seq().await,
+        workspace,
+    };
+    out.send(&welcome.into()).await.is_ok()
+}
+
 /// Checks the surface's sentinel and writes the agent's own, so each side can prove the two
 /// processes see the same workspace.
-pub(super) async fn check_workspace(
+async fn check_workspace(
     workspace: &Workspace,
     chat: &ChatId,
     sentinel: Option<Sentinel>,

@@ -147,17 +147,7 @@ async fn run_turn(
         history,
     };
     let started = std::time::Instant::now();
-    metrics::gauge!(crate::metrics::RUNNING).increment(1.0);
-    // A turn cancelled while its recordings were transcribed does not start.
-    let result = if turn_cancel.is_cancelled() {
-        None
-    } else {
-        tokio::select! {
-            r = app.brain.run_turn(&input, &mut io) => Some(r),
-            _ = turn_cancel.cancelled() => None,
-        }
-    };
-    metrics::gauge!(crate::metrics::RUNNING).decrement(1.0);
+    let result = think(app, &input, &mut io, &turn_cancel).await;
     *running.lock().unwrap_or_else(|e| e.into_inner()) = None;
 
     if conn_cancel.is_cancelled() {
@@ -166,6 +156,40 @@ async fn run_turn(
         info!("connection ended during the turn; it will run again on reconnect");
         return;
     }
+    finish(chat, link, id, result, io, started).await;
+}
+
+/// Runs the brain on `input` until it ends or `cancel` fires (`None`); a turn cancelled while
+/// its recordings were transcribed does not start.
+async fn think(
+    app: &AppState,
+    input: &TurnInput,
+    io: &mut TurnIo,
+    cancel: &CancellationToken,
+) -> Option<Result<(), BrainError>> {
+    metrics::gauge!(crate::metrics::RUNNING).increment(1.0);
+    let result = if cancel.is_cancelled() {
+        None
+    } else {
+        tokio::select! {
+            r = app.brain.run_turn(input, io) => Some(r),
+            _ = cancel.cancelled() => None,
+        }
+    };
+    metrics::gauge!(crate::metrics::RUNNING).decrement(1.0);
+    result
+}
+
+/// Records how turn `id` ended (`result`: `None` when cancelled) with what it said and sent,
+/// and tells the surface; a turn whose surface went away stays pending instead.
+async fn finish(
+    chat: &Chat,
+    link: &Link,
+    id: &str,
+    result: Option<Result<(), BrainError>>,
+    io: TurnIo,
+    started: std::time::Instant,
+) {
     let (status, error) = match result {
         None => (TurnStatus::Cancelled, None),
         Some(Ok(())) => (TurnStatus::Completed, None),

@@ -83,28 +83,50 @@ pub struct Observations {
 
 /// Every finding, in reading order.
 pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
-    use Level::{Fail, Ok, Warn};
-    let mut out = vec![Finding::new(
-        Ok,
+    let mut out = vec![configured(config), homeserver(o), login(config, o)];
+    out.extend(rooms(config, o));
+    out.push(allowlists(config));
+    out.extend(encryption(config, o));
+    out.extend(agents(o));
+    out.push(workspace(config, o));
+    out.push(surface(config, o));
+    out.extend(mcp(config, o));
+    out.push(journal(o));
+    if let Some(room) = &o.room {
+        out.extend(room_findings(config, o, room));
+    }
+    out
+}
+
+fn configured(config: &Config) -> Finding {
+    Finding::new(
+        Level::Ok,
         "config",
         format!(
             "valid; bot {} on {}",
             config.user_id,
             config.homeserver_url.as_str()
         ),
-    )];
-    out.push(match &o.homeserver {
-        Result::Ok(v) => Finding::new(
-            Ok,
+    )
+}
+
+fn homeserver(o: &Observations) -> Finding {
+    match &o.homeserver {
+        Ok(v) => Finding::new(
+            Level::Ok,
             "homeserver",
             format!(
                 "reachable (spec {})",
                 v.last().map_or("unknown", String::as_str)
             ),
         ),
-        Err(e) => Finding::new(Fail, "homeserver", format!("unreachable: {e}")),
-    });
-    out.push(match &o.login {
+        Err(e) => Finding::new(Level::Fail, "homeserver", format!("unreachable: {e}")),
+    }
+}
+
+fn login(config: &Config, o: &Observations) -> Finding {
+    use Level::{Fail, Ok, Warn};
+    match &o.login {
         Login::As { user_id, device_id } if *user_id == config.user_id.as_str() => Finding::new(
             Ok,
             "login",
@@ -132,25 +154,34 @@ pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
             format!("the homeserver refused the bot's token ({e}): log in again"),
         ),
         Login::Unknown => Finding::new(Warn, "login", "not checked (homeserver unreachable)"),
-    });
-    if let Some(rooms) = &o.joined_rooms {
-        let allowed = rooms
-            .iter()
-            .filter(|r| config.is_room_allowed(r, std::iter::empty()))
-            .count();
-        let level = if rooms.is_empty() { Warn } else { Ok };
-        let mut text = format!(
-            "joined {} rooms, {allowed} of them allowed by SURFACE_ALLOWED_ROOMS (by id; aliases \
-             are checked per room)",
-            rooms.len()
-        );
-        if rooms.is_empty() {
-            text.push_str(": invite the bot to a room (it joins when an allowed user invites it)");
-        }
-        out.push(Finding::new(level, "rooms", text));
     }
-    out.push(Finding::new(
-        Ok,
+}
+
+fn rooms(config: &Config, o: &Observations) -> Option<Finding> {
+    let rooms = o.joined_rooms.as_ref()?;
+    let allowed = rooms
+        .iter()
+        .filter(|r| config.is_room_allowed(r, std::iter::empty()))
+        .count();
+    let level = if rooms.is_empty() {
+        Level::Warn
+    } else {
+        Level::Ok
+    };
+    let mut text = format!(
+        "joined {} rooms, {allowed} of them allowed by SURFACE_ALLOWED_ROOMS (by id; aliases \
+         are checked per room)",
+        rooms.len()
+    );
+    if rooms.is_empty() {
+        text.push_str(": invite the bot to a room (it joins when an allowed user invites it)");
+    }
+    Some(Finding::new(level, "rooms", text))
+}
+
+fn allowlists(config: &Config) -> Finding {
+    Finding::new(
+        Level::Ok,
         "allowlists",
         format!(
             "users {}; rooms {}{}",
@@ -162,72 +193,98 @@ pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
                 format!("; bots {}", config.bot_users.join(", "))
             }
         ),
-    ));
-    out.extend(encryption(config, o));
+    )
+}
+
+/// One finding per agent of `AGENT_URL`: a failed one fails only when no other answered.
+fn agents(o: &Observations) -> Vec<Finding> {
+    use Level::{Fail, Ok, Warn};
     let any_up = o.agent.iter().any(|(_, r)| r.is_ok());
-    out.extend(o.agent.iter().map(|(url, r)| match r {
-        Result::Ok(()) => Finding::new(
-            Ok,
-            "agent",
-            format!(
-                "{url} answered the handshake: token, protocol version and shared workspace verified"
+    o.agent
+        .iter()
+        .map(|(url, r)| match r {
+            Result::Ok(()) => Finding::new(
+                Ok,
+                "agent",
+                format!(
+                    "{url} answered the handshake: token, protocol version and shared workspace verified"
+                ),
             ),
-        ),
-        Err(e) if any_up => Finding::new(
-            Warn,
-            "agent",
-            format!("{url}: {e}; its chats go to the other agents until it is fixed"),
-        ),
-        Err(e) => Finding::new(
-            Fail,
-            "agent",
-            format!("{url}: {e}; turns wait in the journal until it is fixed"),
-        ),
-    }));
-    out.push(match &o.workspace {
-        Result::Ok(()) => Finding::new(
-            Ok,
+            Err(e) if any_up => Finding::new(
+                Warn,
+                "agent",
+                format!("{url}: {e}; its chats go to the other agents until it is fixed"),
+            ),
+            Err(e) => Finding::new(
+                Fail,
+                "agent",
+                format!("{url}: {e}; turns wait in the journal until it is fixed"),
+            ),
+        })
+        .collect()
+}
+
+fn workspace(config: &Config, o: &Observations) -> Finding {
+    match &o.workspace {
+        Ok(()) => Finding::new(
+            Level::Ok,
             "workspace",
             format!("{} is writable", config.workspace_root.display()),
         ),
         Err(e) => Finding::new(
-            Fail,
+            Level::Fail,
             "workspace",
             format!("{}: {e}", config.workspace_root.display()),
         ),
-    });
-    out.push(match &o.surface {
-        Result::Ok(_) => Finding::new(
-            Ok,
+    }
+}
+
+fn surface(config: &Config, o: &Observations) -> Finding {
+    match &o.surface {
+        Ok(_) => Finding::new(
+            Level::Ok,
             "surface",
             format!("running and healthy on {}", config.health_bind),
         ),
-        Err(e) => Finding::new(Warn, "surface", e.clone()),
-    });
-    if let (Some(m), Some(seen)) = (&config.mcp, &o.mcp) {
-        let url = format!("http://{}/mcp", m.bind);
-        let posting = if m.send { "may post" } else { "read only" };
-        out.push(match seen {
-            Result::Ok(401) => Finding::new(
-                Ok,
-                "mcp",
-                format!("{url} answers and refuses requests without the token; clients {posting}"),
-            ),
-            Result::Ok(status) => Finding::new(
-                Fail,
-                "mcp",
-                format!("{url} answered HTTP {status} without a token (expected 401): is it this surface?"),
-            ),
-            Err(e) => Finding::new(Warn, "mcp", format!("{url}: {e}")),
-        });
+        Err(e) => Finding::new(Level::Warn, "surface", e.clone()),
     }
-    out.push(match &o.journal {
-        Result::Ok(None) => Finding::new(Warn, "journal", "none yet (the surface never ran here)"),
-        Result::Ok(Some((unhandled, waiting, parked))) => {
+}
+
+fn mcp(config: &Config, o: &Observations) -> Option<Finding> {
+    let (Some(m), Some(seen)) = (&config.mcp, &o.mcp) else {
+        return None;
+    };
+    let url = format!("http://{}/mcp", m.bind);
+    let posting = if m.send { "may post" } else { "read only" };
+    Some(match seen {
+        Ok(401) => Finding::new(
+            Level::Ok,
+            "mcp",
+            format!("{url} answers and refuses requests without the token; clients {posting}"),
+        ),
+        Ok(status) => Finding::new(
+            Level::Fail,
+            "mcp",
+            format!(
+                "{url} answered HTTP {status} without a token (expected 401): is it this surface?"
+            ),
+        ),
+        Err(e) => Finding::new(Level::Warn, "mcp", format!("{url}: {e}")),
+    })
+}
+
+fn journal(o: &Observations) -> Finding {
+    match &o.journal {
+        Ok(None) => Finding::new(
+            Level::Warn,
+            "journal",
+            "none yet (the surface never ran here)",
+        ),
+        Ok(Some((unhandled, waiting, parked))) => {
             let level = if *parked > 0 || *waiting > 0 {
-                Warn
+                Level::Warn
             } else {
-                Ok
+                Level::Ok
             };
             Finding::new(
                 level,
@@ -238,12 +295,8 @@ pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
                 ),
             )
         }
-        Err(e) => Finding::new(Fail, "journal", e.clone()),
-    });
-    if let Some(room) = &o.room {
-        out.extend(room_findings(config, o, room));
+        Err(e) => Finding::new(Level::Fail, "journal", e.clone()),
     }
-    out
 }
 
 fn encryption(config: &Config, o: &Observations) -> Vec<Finding> {
@@ -295,6 +348,8 @@ fn encryption(config: &Config, o: &Observations) -> Vec<Finding> {
     out
 }
 
+/// What the room asked about says: whether the bot may and does read it, its backlog, and
+/// what would become of a message from the sender asked about.
 fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> Vec<Finding> {
     use Level::{Fail, Ok, Warn};
     let id = &room.room_id;
@@ -329,35 +384,7 @@ fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> V
         ),
     ));
     let journal = room.journal.clone().unwrap_or_default();
-    if journal.waiting_for_keys > 0 {
-        out.push(Finding::new(
-            Warn,
-            "room",
-            format!(
-                "{} messages here wait for their room keys: the sender's device has not shared \
-                 them with the bot (they arrive when that device comes online)",
-                journal.waiting_for_keys
-            ),
-        ));
-    }
-    if journal.parked > 0 {
-        out.push(Finding::new(
-            Warn,
-            "room",
-            format!(
-                "{} answers here were refused by the homeserver and parked (see the surface log \
-                 for 'send parked')",
-                journal.parked
-            ),
-        ));
-    }
-    if journal.pending > 0 {
-        out.push(Finding::new(
-            Warn,
-            "room",
-            format!("{} messages here are queued for the agent", journal.pending),
-        ));
-    }
+    out.extend(backlog(&journal));
     let Some(sender) = &room.sender else {
         out.push(Finding::new(
             Warn,
@@ -373,6 +400,57 @@ fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> V
             format!("{sender} is not a member of {id}"),
         ));
     }
+    out.push(verdict(config, o, room, sender, room_allowed, &journal));
+    out
+}
+
+/// What waits in the journal for the room: messages without their keys, parked answers,
+/// queued turns.
+fn backlog(journal: &RoomView) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if journal.waiting_for_keys > 0 {
+        out.push(Finding::new(
+            Level::Warn,
+            "room",
+            format!(
+                "{} messages here wait for their room keys: the sender's device has not shared \
+                 them with the bot (they arrive when that device comes online)",
+                journal.waiting_for_keys
+            ),
+        ));
+    }
+    if journal.parked > 0 {
+        out.push(Finding::new(
+            Level::Warn,
+            "room",
+            format!(
+                "{} answers here were refused by the homeserver and parked (see the surface log \
+                 for 'send parked')",
+                journal.parked
+            ),
+        ));
+    }
+    if journal.pending > 0 {
+        out.push(Finding::new(
+            Level::Warn,
+            "room",
+            format!("{} messages here are queued for the agent", journal.pending),
+        ));
+    }
+    out
+}
+
+/// What `decide` would make of a plain message from `sender` in the room, without and with a
+/// mention of the bot.
+fn verdict(
+    config: &Config,
+    o: &Observations,
+    room: &RoomObservation,
+    sender: &str,
+    room_allowed: bool,
+    journal: &RoomView,
+) -> Finding {
+    use Level::{Fail, Ok, Warn};
     let verdict = |mentions_bot: bool| {
         decide::decide(&Facts {
             bot_user_id: config.user_id.as_str(),
@@ -390,11 +468,13 @@ fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> V
         })
     };
     let agent_down = !o.agent.iter().any(|(_, r)| r.is_ok());
-    out.push(match (verdict(false), verdict(true)) {
+    match (verdict(false), verdict(true)) {
         (Decision::Trigger, _) if agent_down => Finding::new(
             Fail,
             "verdict",
-            format!("a message from {sender} would be journaled, but answered only once the agent is reachable"),
+            format!(
+                "a message from {sender} would be journaled, but answered only once the agent is reachable"
+            ),
         ),
         (Decision::Trigger, _) => Finding::new(
             Ok,
@@ -412,15 +492,17 @@ fn room_findings(config: &Config, o: &Observations, room: &RoomObservation) -> V
         (Decision::Ignore(reason), _) => Finding::new(
             Fail,
             "verdict",
-            format!("a message from {sender} would be ignored: {}", ignored(reason)),
+            format!(
+                "a message from {sender} would be ignored: {}",
+                ignored(reason)
+            ),
         ),
         (other, _) => Finding::new(
             Warn,
             "verdict",
             format!("a message from {sender} would be handled as {other:?}"),
         ),
-    });
-    out
+    }
 }
 
 fn ignored(reason: IgnoreReason) -> &'static str {

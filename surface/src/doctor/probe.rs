@@ -91,27 +91,16 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         .as_str()
         .trim_end_matches('/')
         .to_owned();
-    let token = access_token(config);
     let cs = Cs {
         http: http.clone(),
         base,
-        token: token.clone(),
+        token: access_token(config),
     };
     let homeserver = cs
         .get("/_matrix/client/versions")
         .await
         .map(|v| strings(&v["versions"]));
-    let login = match (&homeserver, &token) {
-        (Err(_), _) => Login::Unknown,
-        (Ok(_), None) => Login::NoSession,
-        (Ok(_), Some(_)) => match cs.get("/_matrix/client/v3/account/whoami").await {
-            Ok(v) => Login::As {
-                user_id: v["user_id"].as_str().unwrap_or_default().to_owned(),
-                device_id: v["device_id"].as_str().map(str::to_owned),
-            },
-            Err(e) => Login::Refused(e),
-        },
-    };
+    let login = login(&cs, homeserver.is_ok()).await;
     let logged_in = matches!(login, Login::As { .. });
     let joined_rooms = if logged_in {
         cs.get("/_matrix/client/v3/joined_rooms")
@@ -132,15 +121,7 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
     let journal_path = config.state_dir.join("journal.sqlite");
     let journal = Journal::open_read_only(&journal_path)
         .map_err(|e| format!("{}: {e}", journal_path.display()));
-    let journal_counts = match &journal {
-        Ok(Some(j)) => j
-            .backlog()
-            .and_then(|b| Ok((b.unhandled, b.waiting_for_keys, j.parked_count()?)))
-            .map(Some)
-            .map_err(|e| format!("{}: {e}", journal_path.display())),
-        Ok(None) => Ok(None),
-        Err(e) => Err(e.clone()),
-    };
+    let journal_counts = journal_counts(&journal, &journal_path);
     let room = match room {
         Some(room_id) => Some(
             observe_room(
@@ -170,6 +151,37 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         },
         journal: journal_counts,
         room,
+    }
+}
+
+/// The journal's (unhandled, waiting for keys, parked) counts, or why they cannot be read.
+fn journal_counts(
+    journal: &Result<Option<Journal>, String>,
+    path: &std::path::Path,
+) -> Result<Option<(u64, u64, u64)>, String> {
+    match journal {
+        Ok(Some(j)) => j
+            .backlog()
+            .and_then(|b| Ok((b.unhandled, b.waiting_for_keys, j.parked_count()?)))
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+/// Who the token belongs to, when the homeserver is `reachable` and there is a token.
+async fn login(cs: &Cs, reachable: bool) -> Login {
+    match (reachable, &cs.token) {
+        (false, _) => Login::Unknown,
+        (true, None) => Login::NoSession,
+        (true, Some(_)) => match cs.get("/_matrix/client/v3/account/whoami").await {
+            Ok(v) => Login::As {
+                user_id: v["user_id"].as_str().unwrap_or_default().to_owned(),
+                device_id: v["device_id"].as_str().map(str::to_owned),
+            },
+            Err(e) => Login::Refused(e),
+        },
     }
 }
 
