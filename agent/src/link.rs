@@ -1,8 +1,11 @@
 //! The way from a running turn to the surface and back: a [`Link`] emits messages on the
-//! connection's outbox and waits for the user's answers and approval decisions ([`Replies`]).
+//! connection's outbox (answer text in bounded chunks), and each of its requests (a question,
+//! an approval, a `send_file`) waits, within its own timeout, for the reply the connection's
+//! receive loop hands to [`Replies`]: the user's answer or decision, or the delivery report.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use protocol::{
     ApprovalRequest, AskUser, Decision, DeliveryResult, SendFile, ToSurface, WorkspacePath,
@@ -19,47 +22,63 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::random::<u64>())
 }
 
-/// Requests waiting for the user, by id; filled in by the connection's receive loop.
+/// The requests of one kind that wait for their reply, by id.
+#[derive(Debug)]
+struct Waiters<T>(Mutex<HashMap<String, oneshot::Sender<T>>>);
+
+impl<T> Default for Waiters<T> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<T> Waiters<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<T>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands `reply` to the request `id`; `false` if nothing waits for it.
+    fn deliver(&self, id: &str, reply: T) -> bool {
+        let waiter = self.lock().remove(id);
+        waiter.is_some_and(|tx| tx.send(reply).is_ok())
+    }
+}
+
+/// Removes a waiter when the waiting future ends for any reason (reply, timeout, cancel).
+struct Waiting<'a, T> {
+    waiters: &'a Waiters<T>,
+    id: &'a str,
+}
+
+impl<T> Drop for Waiting<'_, T> {
+    fn drop(&mut self) {
+        self.waiters.lock().remove(self.id);
+    }
+}
+
+/// Requests waiting for the surface's reply (the user's answer or approval decision, or a
+/// delivery report), by id; filled in by the connection's receive loop.
 #[derive(Debug, Default)]
 pub struct Replies {
-    approvals: Mutex<HashMap<String, oneshot::Sender<Decision>>>,
-    answers: Mutex<HashMap<String, oneshot::Sender<String>>>,
-    deliveries: Mutex<HashMap<String, oneshot::Sender<DeliveryResult>>>,
+    approvals: Waiters<Decision>,
+    answers: Waiters<String>,
+    deliveries: Waiters<DeliveryResult>,
 }
 
 impl Replies {
     /// Delivers an approval decision; `false` if nothing waits for `request_id`.
     pub fn approval(&self, request_id: &str, decision: Decision) -> bool {
-        let waiter = lock(&self.approvals).remove(request_id);
-        waiter.is_some_and(|tx| tx.send(decision).is_ok())
+        self.approvals.deliver(request_id, decision)
     }
 
     /// Delivers an answer; `false` if nothing waits for `question_id`.
     pub fn answer(&self, question_id: &str, text: String) -> bool {
-        let waiter = lock(&self.answers).remove(question_id);
-        waiter.is_some_and(|tx| tx.send(text).is_ok())
+        self.answers.deliver(question_id, text)
     }
 
     /// Delivers the surface's report on a `send_file`; `false` if nothing waits for it.
     pub fn delivery(&self, result: DeliveryResult) -> bool {
-        let waiter = lock(&self.deliveries).remove(&result.request_id);
-        waiter.is_some_and(|tx| tx.send(result).is_ok())
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Removes a waiter when the waiting future ends for any reason (answer, timeout, cancel).
-struct Waiting<'a, T> {
-    map: &'a Mutex<HashMap<String, oneshot::Sender<T>>>,
-    id: String,
-}
-
-impl<T> Drop for Waiting<'_, T> {
-    fn drop(&mut self) {
-        lock(self.map).remove(&self.id);
+        self.deliveries.deliver(&result.request_id.clone(), result)
     }
 }
 
@@ -72,7 +91,7 @@ pub struct Link {
     pub replies: Arc<Replies>,
     /// The chat (remembered approvals).
     pub chat: Arc<Chat>,
-    /// Timeouts.
+    /// How long each request waits for its reply.
     pub limits: Limits,
 }
 
@@ -116,6 +135,26 @@ impl Link {
         Ok(())
     }
 
+    /// Sends `msg`, the request `id`, and waits at most `limit` for its reply through
+    /// `waiters`: `None` when none came in time, `Closed` when the connection ended first.
+    async fn request<T>(
+        &self,
+        waiters: &Waiters<T>,
+        id: &str,
+        msg: impl Into<ToSurface>,
+        limit: Duration,
+    ) -> Result<Option<T>, Closed> {
+        let (tx, rx) = oneshot::channel();
+        waiters.lock().insert(id.to_owned(), tx);
+        let _waiting = Waiting { waiters, id };
+        self.emit(msg).await?;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(reply)) => Ok(Some(reply)),
+            Ok(Err(_)) => Err(Closed),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// Asks the user; `None` when no answer came within the ask timeout.
     pub async fn ask(
         &self,
@@ -124,27 +163,20 @@ impl Link {
         options: Vec<String>,
     ) -> Result<Option<String>, Closed> {
         let question_id = new_id("q");
-        let (tx, rx) = oneshot::channel();
-        lock(&self.replies.answers).insert(question_id.clone(), tx);
-        let _waiting = Waiting {
-            map: &self.replies.answers,
-            id: question_id.clone(),
-        };
-        self.emit(AskUser {
+        let question = AskUser {
             turn: turn.to_owned(),
             question_id: question_id.clone(),
             text: question.to_owned(),
             options,
-        })
-        .await?;
-        match tokio::time::timeout(self.limits.ask_timeout, rx).await {
-            Ok(Ok(answer)) => Ok(Some(answer)),
-            Ok(Err(_)) => Err(Closed),
-            Err(_) => {
-                info!(question_id, "question timed out");
-                Ok(None)
-            }
+        };
+        let limit = self.limits.ask_timeout;
+        let answer = self
+            .request(&self.replies.answers, &question_id, question, limit)
+            .await?;
+        if answer.is_none() {
+            info!(question_id, "question timed out");
         }
+        Ok(answer)
     }
 
     /// Asks the user to approve a tool call; no decision within the approval timeout is a deny.
@@ -156,31 +188,23 @@ impl Link {
         summary: &str,
     ) -> Result<Decision, Closed> {
         let request_id = new_id("approval");
-        let (tx, rx) = oneshot::channel();
-        lock(&self.replies.approvals).insert(request_id.clone(), tx);
-        let _waiting = Waiting {
-            map: &self.replies.approvals,
-            id: request_id.clone(),
-        };
-        self.emit(ApprovalRequest {
+        let request = ApprovalRequest {
             turn: turn.to_owned(),
             request_id: request_id.clone(),
             tool: tool.to_owned(),
             resource: resource.to_owned(),
             summary: summary.to_owned(),
-        })
-        .await?;
-        match tokio::time::timeout(self.limits.approval_timeout, rx).await {
-            Ok(Ok(decision)) => {
-                info!(request_id, ?decision, "approval decided");
-                Ok(decision)
-            }
-            Ok(Err(_)) => Err(Closed),
-            Err(_) => {
-                warn!(request_id, "approval timed out: deny");
-                Ok(Decision::Deny)
-            }
+        };
+        let limit = self.limits.approval_timeout;
+        let decision = self
+            .request(&self.replies.approvals, &request_id, request, limit)
+            .await?;
+        if let Some(decision) = decision {
+            info!(request_id, ?decision, "approval decided");
+            return Ok(decision);
         }
+        warn!(request_id, "approval timed out: deny");
+        Ok(Decision::Deny)
     }
 
     /// Asks the surface to post `path` to the room and waits for its `delivery_result` (so a
@@ -194,34 +218,49 @@ impl Link {
         voice: bool,
     ) -> Result<Option<DeliveryResult>, Closed> {
         let request_id = new_id("send");
-        let (tx, rx) = oneshot::channel();
-        lock(&self.replies.deliveries).insert(request_id.clone(), tx);
-        let _waiting = Waiting {
-            map: &self.replies.deliveries,
-            id: request_id.clone(),
-        };
-        self.emit(SendFile {
+        let send = SendFile {
             turn: turn.to_owned(),
             request_id: request_id.clone(),
             path,
             caption,
             voice,
-        })
-        .await?;
-        match tokio::time::timeout(self.limits.delivery_timeout, rx).await {
-            Ok(Ok(result)) => Ok(Some(result)),
-            Ok(Err(_)) => Err(Closed),
-            Err(_) => {
-                warn!(request_id, "no delivery report in time");
-                Ok(None)
-            }
+        };
+        let limit = self.limits.delivery_timeout;
+        let result = self
+            .request(&self.replies.deliveries, &request_id, send, limit)
+            .await?;
+        if result.is_none() {
+            warn!(request_id, "no delivery report in time");
         }
+        Ok(result)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_reaches_only_a_request_still_waiting() {
+        let waiters = Waiters::<String>::default();
+        assert!(!waiters.deliver("q-1", "nobody asked".to_owned()));
+        let (tx, mut rx) = oneshot::channel();
+        waiters.lock().insert("q-1".to_owned(), tx);
+        {
+            let _waiting = Waiting {
+                waiters: &waiters,
+                id: "q-1",
+            };
+            assert!(!waiters.deliver("q-2", "another question".to_owned()));
+        }
+        // The request gave up (timeout, cancel): its reply finds nobody.
+        assert!(!waiters.deliver("q-1", "late".to_owned()));
+        assert!(rx.try_recv().is_err());
+        let (tx, mut rx) = oneshot::channel();
+        waiters.lock().insert("q-3".to_owned(), tx);
+        assert!(waiters.deliver("q-3", "yes".to_owned()));
+        assert_eq!(rx.try_recv().unwrap(), "yes");
+    }
 
     #[test]
     fn text_is_cut_at_character_boundaries_within_the_bound() {

@@ -39,8 +39,8 @@ pub enum ConnectionError {
 }
 
 impl ConnectionError {
-    /// Whether trying again later may help (everything but a refused token, which needs an
-    /// operator, is retried; the token case is retried too, just logged louder).
+    /// Whether the agent refused the token: only an operator can fix that, so it is logged
+    /// as an error, not as a passing outage (the link keeps retrying either way).
     pub fn is_auth(&self) -> bool {
         matches!(self, Self::Unauthorized(_))
     }

@@ -1,6 +1,7 @@
 //! The state every part of the running surface shares: config, Matrix client, journal, health,
-//! workspace, lanes and pending questions. Built once in [`crate::run`] from lower modules only
-//! (nothing here imports a module that imports this one) and passed explicitly.
+//! workspace, the way to the agent, lanes, pending questions, the bot-loop breaker's memory and
+//! the task tracker. Built once in [`crate::run_with`] from lower modules only (nothing here
+//! imports a module that imports this one) and passed explicitly.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};

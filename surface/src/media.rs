@@ -12,13 +12,14 @@
 //!   MIME-sniffed, committed atomically.
 //! * [`upload_file`] / [`upload_file_encrypted`]: streaming upload (encrypted on the way in
 //!   encrypted rooms), deduplicated by content hash and file version ([`UploadCache`]).
-//!
-//! Hashing, encryption, decryption and file I/O run on a blocking thread beside the network
-//! I/O (`pipe`).
 //! * [`prepare_file_message`]: confinement check, upload and the `m.image`/`m.video`/`m.audio`/
 //!   `m.file` content for a file the agent asked to send, looking as native as Element's own
 //!   (`look`: dimensions, durations, thumbnail and blurhash, voice messages; thumbnails are
 //!   uploaded by `small`).
+//!
+//! The heavy work runs on blocking threads beside the network I/O: an upload's reading,
+//! hashing and encryption in `pipe`, a download's hashing, decryption and writing in `spool`
+//! (with `writeback` handing the written file to the disk as it goes).
 
 mod cipher;
 mod download;
