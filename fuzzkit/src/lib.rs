@@ -4,6 +4,12 @@
 //! (`ARBTEST_SEED=…`).
 //!
 //! The budget per target is `MXBRIDGE_FUZZ_MS` milliseconds (default [`DEFAULT_BUDGET_MS`]).
+//!
+//! A dev-dependency only. The targets: the wire decoder, `WorkspacePath` and the id names
+//! (`protocol/tests/it/fuzz.rs`), the inbound file-name sanitizer (`surface/tests/it/fuzz.rs`),
+//! admission against the real chat store (`agent/tests/it/fuzz.rs`), and PDF text through the
+//! real helper process and its limits (`agent/tests/it/pdf.rs`, seeds in
+//! `agent/tests/corpus/pdf/`, made by its `generate.py`).
 
 use std::path::Path;
 use std::time::Instant;
