@@ -33,7 +33,8 @@ if ! /usr/bin/convert -version 2>/dev/null | grep -q 'Version: ImageMagick'; the
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq imagemagick
 fi
 
-cargo build --release --workspace --locked
+# The surface's latency taps (the legs this benchmark prints) are a feature the images leave out.
+cargo build --release --workspace --locked --features surface/latency
 
 SYN_DIR="$(mktemp -d /tmp/mxbridge-bench-synapse.XXXXXX)"
 SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"

@@ -174,21 +174,11 @@ impl Config {
             get("MATRIX_PASSWORD"),
         ));
         let agent_urls = p.take(required("AGENT_URL").and_then(|raw| agent_urls(&raw)));
-        let agent_token = p.take(required("AGENT_TOKEN").and_then(|t| {
-            if t.chars().count() < 16 {
-                Err(invalid("AGENT_TOKEN", "must be at least 16 characters"))
-            } else {
-                Ok(Secret::new(t))
-            }
-        }));
-        let workspace_root = p.take(absolute_path(
-            "WORKSPACE_ROOT",
-            get("WORKSPACE_ROOT").unwrap_or_else(|| "/workspace".into()),
-        ));
-        let state_dir = p.take(absolute_path(
-            "SURFACE_STATE_DIR",
-            get("SURFACE_STATE_DIR").unwrap_or_else(|| "/var/lib/surface".into()),
-        ));
+        let agent_token = p.take(required("AGENT_TOKEN").and_then(agent_token));
+        let dir =
+            |name, default: &str| absolute_path(name, get(name).unwrap_or_else(|| default.into()));
+        let workspace_root = p.take(dir("WORKSPACE_ROOT", "/workspace"));
+        let state_dir = p.take(dir("SURFACE_STATE_DIR", "/var/lib/surface"));
         let allowed_users = p.take(allowed_users(
             get("SURFACE_ALLOWED_USERS"),
             user_id.as_ref().map(|u| u.server_name().as_str()),
@@ -197,71 +187,18 @@ impl Config {
         let bot_users = get("SURFACE_BOT_USERS")
             .map(|l| glob_list(&l))
             .unwrap_or_default();
-        let max_bot_turns = p.take(match get("SURFACE_MAX_BOT_TURNS") {
-            None => Ok(DEFAULT_MAX_BOT_TURNS),
-            Some(v) => v
-                .parse()
-                .map_err(|_| invalid("SURFACE_MAX_BOT_TURNS", "must be a whole number")),
-        });
+        let max_bot_turns = p.take(max_bot_turns(get("SURFACE_MAX_BOT_TURNS")));
         let max_file_size = p.take(max_file_size(get("SURFACE_MAX_FILE_SIZE")));
         let ffmpeg = p.take(ffmpeg(get("SURFACE_FFMPEG"), get("PATH")));
-        let show_tool_calls = p.take(match get("SURFACE_SHOW_TOOL_CALLS").as_deref() {
-            None => Ok(false),
-            Some(v) => parse_bool(v)
-                .ok_or_else(|| invalid("SURFACE_SHOW_TOOL_CALLS", "expected true or false")),
-        });
-        let health_bind = p.take(
-            get("SURFACE_HEALTH_BIND")
-                .unwrap_or_else(|| "127.0.0.1:8701".into())
-                .parse::<SocketAddr>()
-                .map_err(|e| invalid("SURFACE_HEALTH_BIND", format!("expected host:port ({e})"))),
-        );
-        let inbox_retention = p.take(match get("SURFACE_INBOX_RETENTION").as_deref() {
-            None | Some("forever") => Ok(None),
-            Some(v) => duration("SURFACE_INBOX_RETENTION", v, "30d or forever").and_then(|d| {
-                if d.is_zero() {
-                    Err(invalid("SURFACE_INBOX_RETENTION", "must be longer than 0"))
-                } else {
-                    Ok(Some(d))
-                }
-            }),
-        });
-        let offline_notice_after = p.take(match get("SURFACE_OFFLINE_NOTICE").as_deref() {
-            Some("off") => Ok(None),
-            None => Ok(Some(Duration::from_secs(120))),
-            Some(v) => duration("SURFACE_OFFLINE_NOTICE", v, "2m or off").map(Some),
-        });
-        let agent_down_notice = p.take(match get("SURFACE_AGENT_DOWN_NOTICE").as_deref() {
-            Some("off") => Ok(None),
-            None => Ok(Some(DEFAULT_AGENT_DOWN_NOTICE)),
-            Some(v) => duration("SURFACE_AGENT_DOWN_NOTICE", v, "15s or off").map(Some),
-        });
-        let threads_need_mention = p.take(match get("SURFACE_THREADS").as_deref().map(str::trim) {
-            None | Some("all") => Ok(false),
-            Some("mentions") => Ok(true),
-            Some(_) => Err(invalid("SURFACE_THREADS", "expected all or mentions")),
-        });
-        let approvals_need_verified =
-            p.take(match get("SURFACE_APPROVALS").as_deref().map(str::trim) {
-                None | Some("any") => Ok(false),
-                Some("verified") => Ok(true),
-                Some(_) => Err(invalid("SURFACE_APPROVALS", "expected any or verified")),
-            });
-        let key_wait = p.take(match get("SURFACE_KEY_WAIT") {
-            None => Ok(DEFAULT_KEY_WAIT),
-            Some(v) => duration("SURFACE_KEY_WAIT", &v, "60s"),
-        });
-        let stream_interval = p.take(match get("SURFACE_STREAM_EDITS").as_deref() {
-            Some("off") => Ok(None),
-            None => Ok(Some(DEFAULT_STREAM_INTERVAL)),
-            Some(v) => duration("SURFACE_STREAM_EDITS", v, "2s or off").and_then(|d| {
-                if d < Duration::from_millis(200) {
-                    Err(invalid("SURFACE_STREAM_EDITS", "must be at least 200ms"))
-                } else {
-                    Ok(Some(d))
-                }
-            }),
-        });
+        let show_tool_calls = p.take(show_tool_calls(get("SURFACE_SHOW_TOOL_CALLS")));
+        let health_bind = p.take(health_bind(get("SURFACE_HEALTH_BIND")));
+        let inbox_retention = p.take(inbox_retention(get("SURFACE_INBOX_RETENTION")));
+        let offline_notice_after = p.take(offline_notice(get("SURFACE_OFFLINE_NOTICE")));
+        let agent_down_notice = p.take(agent_down_notice(get("SURFACE_AGENT_DOWN_NOTICE")));
+        let threads_need_mention = p.take(threads_need_mention(get("SURFACE_THREADS")));
+        let approvals_need_verified = p.take(approvals_need_verified(get("SURFACE_APPROVALS")));
+        let key_wait = p.take(key_wait(get("SURFACE_KEY_WAIT")));
+        let stream_interval = p.take(stream_interval(get("SURFACE_STREAM_EDITS")));
         let recovery_key = get("MATRIX_RECOVERY_KEY").map(Secret::new);
         let mcp = p.take(mcp_server(
             get("SURFACE_MCP_BIND"),
@@ -536,6 +473,136 @@ fn absolute_path(var: &'static str, raw: String) -> Result<PathBuf, ConfigError>
         return Err(invalid(var, "must be an absolute path"));
     }
     Ok(p)
+}
+
+/// `AGENT_TOKEN`: at least 16 characters.
+fn agent_token(t: String) -> Result<Secret, ConfigError> {
+    if t.chars().count() < 16 {
+        Err(invalid("AGENT_TOKEN", "must be at least 16 characters"))
+    } else {
+        Ok(Secret::new(t))
+    }
+}
+
+/// `SURFACE_MAX_BOT_TURNS`: a whole number.
+fn max_bot_turns(v: Option<String>) -> Result<u32, ConfigError> {
+    match v {
+        None => Ok(DEFAULT_MAX_BOT_TURNS),
+        Some(v) => v
+            .parse()
+            .map_err(|_| invalid("SURFACE_MAX_BOT_TURNS", "must be a whole number")),
+    }
+}
+
+/// `SURFACE_SHOW_TOOL_CALLS`: true or false.
+fn show_tool_calls(v: Option<String>) -> Result<bool, ConfigError> {
+    match v.as_deref() {
+        None => Ok(false),
+        Some(v) => parse_bool(v)
+            .ok_or_else(|| invalid("SURFACE_SHOW_TOOL_CALLS", "expected true or false")),
+    }
+}
+
+/// `SURFACE_HEALTH_BIND`: host:port.
+fn health_bind(v: Option<String>) -> Result<SocketAddr, ConfigError> {
+    v.unwrap_or_else(|| "127.0.0.1:8701".into())
+        .parse::<SocketAddr>()
+        .map_err(|e| invalid("SURFACE_HEALTH_BIND", format!("expected host:port ({e})")))
+}
+
+/// `SURFACE_INBOX_RETENTION`: a duration longer than 0, or `forever` (`None`).
+fn inbox_retention(v: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    match v.as_deref() {
+        None | Some("forever") => Ok(None),
+        Some(v) => duration("SURFACE_INBOX_RETENTION", v, "30d or forever").and_then(|d| {
+            if d.is_zero() {
+                Err(invalid("SURFACE_INBOX_RETENTION", "must be longer than 0"))
+            } else {
+                Ok(Some(d))
+            }
+        }),
+    }
+}
+
+/// `SURFACE_OFFLINE_NOTICE`: a duration, or `off`.
+fn offline_notice(v: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    off_or_duration(
+        "SURFACE_OFFLINE_NOTICE",
+        v,
+        Duration::from_secs(120),
+        "2m or off",
+    )
+}
+
+/// `SURFACE_AGENT_DOWN_NOTICE`: a duration, or `off`.
+fn agent_down_notice(v: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    off_or_duration(
+        "SURFACE_AGENT_DOWN_NOTICE",
+        v,
+        DEFAULT_AGENT_DOWN_NOTICE,
+        "15s or off",
+    )
+}
+
+/// `SURFACE_THREADS`: `all` (false) or `mentions` (true).
+fn threads_need_mention(v: Option<String>) -> Result<bool, ConfigError> {
+    one_of("SURFACE_THREADS", v, &[("all", false), ("mentions", true)])
+}
+
+/// `SURFACE_APPROVALS`: `any` (false) or `verified` (true).
+fn approvals_need_verified(v: Option<String>) -> Result<bool, ConfigError> {
+    one_of(
+        "SURFACE_APPROVALS",
+        v,
+        &[("any", false), ("verified", true)],
+    )
+}
+
+/// `SURFACE_KEY_WAIT`: a duration.
+fn key_wait(v: Option<String>) -> Result<Duration, ConfigError> {
+    match v {
+        None => Ok(DEFAULT_KEY_WAIT),
+        Some(v) => duration("SURFACE_KEY_WAIT", &v, "60s"),
+    }
+}
+
+/// A duration, or `off` (`None`); `default` when unset.
+fn off_or_duration(
+    name: &'static str,
+    v: Option<String>,
+    default: Duration,
+    example: &str,
+) -> Result<Option<Duration>, ConfigError> {
+    match v.as_deref() {
+        Some("off") => Ok(None),
+        None => Ok(Some(default)),
+        Some(v) => duration(name, v, example).map(Some),
+    }
+}
+
+/// `SURFACE_STREAM_EDITS`: at least 200ms, or `off`.
+fn stream_interval(v: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    let name = "SURFACE_STREAM_EDITS";
+    match off_or_duration(name, v, DEFAULT_STREAM_INTERVAL, "2s or off")? {
+        Some(d) if d < Duration::from_millis(200) => Err(invalid(name, "must be at least 200ms")),
+        d => Ok(d),
+    }
+}
+
+/// One of a few words (the first is the default when unset).
+fn one_of<T: Copy>(
+    name: &'static str,
+    v: Option<String>,
+    choices: &[(&str, T)],
+) -> Result<T, ConfigError> {
+    let word = v.as_deref().map(str::trim).unwrap_or(choices[0].0);
+    match choices.iter().find(|(w, _)| *w == word) {
+        Some((_, value)) => Ok(*value),
+        None => {
+            let words: Vec<&str> = choices.iter().map(|(w, _)| *w).collect();
+            Err(invalid(name, format!("expected {}", words.join(" or "))))
+        }
+    }
 }
 
 fn parse_bool(v: &str) -> Option<bool> {

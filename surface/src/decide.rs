@@ -1,14 +1,5 @@
 //! What an incoming message means for the bot: a pure function with table tests. The side
 //! effects live in the sync ingest and the lanes.
-//!
-//! Besides triggers and context it decides: the room and sender allowlists and the bot-loop
-//! breaker; what answers a waiting prompt (text from the asked user, or a ✅ ♾️ ❌ reaction on
-//! the prompt; a file never does; with `SURFACE_APPROVALS=verified` only from a device its user
-//! verified); that an encrypted room acts only on events that arrived encrypted
-//! ([`Decision::Plaintext`]); what an edit does (a message not processed yet takes the new text,
-//! one that ran gets a follow-up turn); a moderator's `!mode all|mentions`; and redactions.
-//! [`without_mention`] takes the bot's name out of the text it forwards, so the brain never
-//! guesses which leading word is a name.
 
 use protocol::Decision as ApprovalChoice;
 
@@ -169,45 +160,11 @@ pub enum Decision {
 
 /// Classifies a message.
 pub fn decide(f: &Facts<'_>) -> Decision {
-    if f.sender == f.bot_user_id {
-        return Decision::Ignore(IgnoreReason::OwnEvent);
+    if let Some(d) = gate(f) {
+        return d;
     }
-    if !f.room_allowed {
-        return Decision::Ignore(IgnoreReason::RoomNotAllowed);
-    }
-    if f.is_redaction {
-        return Decision::Redaction;
-    }
-    // Whether an undecryptable event is a message at all is known only once its key arrives;
-    // until then it keeps its place, so later messages are not answered first.
-    if f.undecryptable {
-        return if f.sender_allowed {
-            Decision::WaitForKey
-        } else {
-            Decision::Ignore(IgnoreReason::NotAllowed)
-        };
-    }
-    if !f.sender_allowed {
-        return Decision::Ignore(IgnoreReason::NotAllowed);
-    }
-    let content = f.is_message || f.reaction.is_some() || f.unsupported.is_some();
-    if f.room_encrypted && !f.arrived_encrypted && content {
-        return Decision::Plaintext;
-    }
-    let unverified = f.approvals_need_verified && !f.verified_device;
     if let Some(key) = f.reaction {
-        return match (&f.waiting, reaction_choice(key)) {
-            (Some(Waiting::Approval { request_id }), Some(_)) if unverified => {
-                Decision::UnverifiedApproval {
-                    request_id: request_id.clone(),
-                }
-            }
-            (Some(Waiting::Approval { request_id }), Some(choice)) => Decision::Approval {
-                request_id: request_id.clone(),
-                choice,
-            },
-            _ => Decision::Ignore(IgnoreReason::Reaction),
-        };
+        return reaction(f, key);
     }
     if let Some(kind) = f.unsupported {
         let addressed = f.direct_chat || f.mentions_bot || f.reply_to_bot || in_thread(f);
@@ -231,22 +188,8 @@ pub fn decide(f: &Facts<'_>) -> Decision {
             None => Decision::Ignore(IgnoreReason::Edit),
         };
     }
-    match &f.waiting {
-        // A file is never an answer: it is a turn of its own, queued behind the waiting one.
-        _ if f.has_media => {}
-        Some(Waiting::Question { question_id }) => return Decision::Answer(question_id.clone()),
-        Some(Waiting::Approval { request_id }) if unverified => {
-            return Decision::UnverifiedApproval {
-                request_id: request_id.clone(),
-            };
-        }
-        Some(Waiting::Approval { request_id }) => {
-            return Decision::Approval {
-                request_id: request_id.clone(),
-                choice: parse_approval(f.body),
-            };
-        }
-        None => {}
+    if let Some(d) = answer(f) {
+        return d;
     }
     let addressed =
         f.direct_chat || f.mentions_bot || f.reply_to_bot || in_thread(f) || body_mentions_bot(f);
@@ -260,6 +203,76 @@ pub fn decide(f: &Facts<'_>) -> Decision {
         Decision::Trigger
     } else {
         Decision::Context
+    }
+}
+
+/// What is settled before the content is looked at: who sent it, where, whether it can be
+/// read yet, and whether it arrived as an encrypted room requires.
+fn gate(f: &Facts<'_>) -> Option<Decision> {
+    if f.sender == f.bot_user_id {
+        return Some(Decision::Ignore(IgnoreReason::OwnEvent));
+    }
+    if !f.room_allowed {
+        return Some(Decision::Ignore(IgnoreReason::RoomNotAllowed));
+    }
+    if f.is_redaction {
+        return Some(Decision::Redaction);
+    }
+    // Whether an undecryptable event is a message at all is known only once its key arrives;
+    // until then it keeps its place, so later messages are not answered first.
+    if f.undecryptable {
+        return Some(if f.sender_allowed {
+            Decision::WaitForKey
+        } else {
+            Decision::Ignore(IgnoreReason::NotAllowed)
+        });
+    }
+    if !f.sender_allowed {
+        return Some(Decision::Ignore(IgnoreReason::NotAllowed));
+    }
+    let content = f.is_message || f.reaction.is_some() || f.unsupported.is_some();
+    if f.room_encrypted && !f.arrived_encrypted && content {
+        return Some(Decision::Plaintext);
+    }
+    None
+}
+
+/// An approval that counts only from a verified session came from another one.
+fn unverified(f: &Facts<'_>) -> bool {
+    f.approvals_need_verified && !f.verified_device
+}
+
+/// A reaction: an answer to the approval prompt it is on, or nothing.
+fn reaction(f: &Facts<'_>, key: &str) -> Decision {
+    match (&f.waiting, reaction_choice(key)) {
+        (Some(Waiting::Approval { request_id }), Some(_)) if unverified(f) => {
+            Decision::UnverifiedApproval {
+                request_id: request_id.clone(),
+            }
+        }
+        (Some(Waiting::Approval { request_id }), Some(choice)) => Decision::Approval {
+            request_id: request_id.clone(),
+            choice,
+        },
+        _ => Decision::Ignore(IgnoreReason::Reaction),
+    }
+}
+
+/// A message while the bot waits for this sender's answer: the answer (a file never is: it
+/// is a turn of its own, queued behind the waiting one).
+fn answer(f: &Facts<'_>) -> Option<Decision> {
+    if f.has_media {
+        return None;
+    }
+    match f.waiting.as_ref()? {
+        Waiting::Question { question_id } => Some(Decision::Answer(question_id.clone())),
+        Waiting::Approval { request_id } if unverified(f) => Some(Decision::UnverifiedApproval {
+            request_id: request_id.clone(),
+        }),
+        Waiting::Approval { request_id } => Some(Decision::Approval {
+            request_id: request_id.clone(),
+            choice: parse_approval(f.body),
+        }),
     }
 }
 

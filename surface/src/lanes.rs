@@ -23,12 +23,13 @@ pub use effects::{APPROVAL_TIMEOUT, QUESTION_TIMEOUT};
 
 use crate::agent_link::{self, LinkEvent, LinkHandle};
 use crate::context::Ctx;
-use crate::journal::{ChatRef, Disposition, JournaledEvent};
+use crate::journal::{ChatRef, Disposition, JournalError, JournaledEvent, NewEvent};
 use crate::lane_registry::LaneHandle;
 use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
 use crate::workspace::Workspace;
+use progress::Progress;
 
 /// Pending events of a chat beyond which the room is told that messages are queued.
 pub const LANE_BACKLOG_NOTICE: u64 = 5;
@@ -219,61 +220,7 @@ impl Lane {
                 // The user was told; there is nothing to forward.
                 journal.mark_handled(&ev.event_id)
             }
-            Disposition::Trigger => {
-                let context = match journal.ready_context(&self.chat.chat_id) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        error!(error = %e, "journal read failed");
-                        Vec::new()
-                    }
-                };
-                let mut context_ids: Vec<String> =
-                    context.iter().map(|(id, _)| id.clone()).collect();
-                let mut prepared = prepared;
-                if prepared.may_get_caption()
-                    && let Some((caption_id, caption)) = self.caption_for(&ev, ord).await
-                {
-                    info!(caption_event_id = %caption_id, "file and caption become one turn");
-                    prepared.text = caption;
-                    context_ids.push(caption_id);
-                }
-                let bot_name = self.ctx.bot_display_name();
-                let text = crate::decide::without_mention(
-                    &prepared.text,
-                    self.ctx.config.user_id.as_str(),
-                    bot_name.as_deref(),
-                );
-                let msg = UserMessage {
-                    seq: 0,
-                    id: ev.event_id.clone(),
-                    room_id: ev.room_id.clone(),
-                    thread_root: ev.thread_root.clone(),
-                    sender,
-                    text: if text.trim().is_empty() {
-                        ATTACHMENTS_ONLY_TEXT.to_owned()
-                    } else {
-                        text.to_owned()
-                    },
-                    attachments: prepared.attachments,
-                    attachment_info: prepared.info,
-                    context: context.into_iter().map(|(_, c)| c).collect(),
-                    timestamp_ms: ev.origin_ts,
-                };
-                match journal.create_turn(&self.chat.chat_id, msg, &context_ids) {
-                    Ok(msg) => {
-                        info!(
-                            seq = msg.seq,
-                            attachments = msg.attachments.len(),
-                            context = msg.context.len(),
-                            "turn stored"
-                        );
-                        self.link.turns_stored();
-                        self.run_turn(msg, progress).await;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
+            Disposition::Trigger => self.start_turn(&ev, ord, sender, prepared, progress).await,
             Disposition::Skip | Disposition::Answered => journal.mark_handled(&ev.event_id),
             // Never handed to `process` (the lane stops before it); left as it is.
             Disposition::Waiting => Ok(()),
@@ -283,6 +230,69 @@ impl Lane {
             error!(error = %e, "journal write failed; will retry");
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+    }
+
+    /// A message that starts a turn: with the context messages before it (and a caption sent
+    /// right after a file), stored as the chat's next turn, then run.
+    async fn start_turn(
+        &mut self,
+        ev: &NewEvent,
+        ord: i64,
+        sender: Sender,
+        mut prepared: inbound::Prepared,
+        progress: Option<Progress>,
+    ) -> Result<(), JournalError> {
+        let journal = &self.ctx.journal;
+        let context = match journal.ready_context(&self.chat.chat_id) {
+            Ok(c) => c,
+            Err(e) => {
+                error!(error = %e, "journal read failed");
+                Vec::new()
+            }
+        };
+        let mut context_ids: Vec<String> = context.iter().map(|(id, _)| id.clone()).collect();
+        if prepared.may_get_caption()
+            && let Some((caption_id, caption)) = self.caption_for(ev, ord).await
+        {
+            info!(caption_event_id = %caption_id, "file and caption become one turn");
+            prepared.text = caption;
+            context_ids.push(caption_id);
+        }
+        let bot_name = self.ctx.bot_display_name();
+        let text = crate::decide::without_mention(
+            &prepared.text,
+            self.ctx.config.user_id.as_str(),
+            bot_name.as_deref(),
+        );
+        let msg = UserMessage {
+            seq: 0,
+            id: ev.event_id.clone(),
+            room_id: ev.room_id.clone(),
+            thread_root: ev.thread_root.clone(),
+            sender,
+            text: if text.trim().is_empty() {
+                ATTACHMENTS_ONLY_TEXT.to_owned()
+            } else {
+                text.to_owned()
+            },
+            attachments: prepared.attachments,
+            attachment_info: prepared.info,
+            context: context.into_iter().map(|(_, c)| c).collect(),
+            timestamp_ms: ev.origin_ts,
+        };
+        let msg = self
+            .ctx
+            .journal
+            .create_turn(&self.chat.chat_id, msg, &context_ids)?;
+        info!(
+            seq = msg.seq,
+            attachments = msg.attachments.len(),
+            context = msg.context.len(),
+            "turn stored"
+        );
+        self.link.turns_stored();
+        self.run_turn(msg, progress).await;
+        Ok(())
     }
 
     fn target_for(&self, event_id: &str, thread_root: Option<&str>) -> Option<ReplyTarget> {

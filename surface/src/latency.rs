@@ -8,6 +8,10 @@
 //! Logged at DEBUG on the target `mxbridge_latency` with the fields `leg` and `us`; nothing is
 //! recorded unless that target is enabled.
 //!
+//! Only in builds with the `latency` feature (the test command's and the benchmark's): without
+//! it every tap below is an empty function the compiler removes, so the image's release build
+//! takes no lock on the hot path.
+//!
 //! The moment a `/sync` response arrived is taken from matrix-sdk's own tracing ([`SyncClock`]):
 //! its HTTP client's `Got response` event inside the `send` span of a request whose `uri` ends in
 //! `/sync`. Should a matrix-sdk release rename either, `sdk_sync` lines stop and `sync_to_agent`
@@ -80,11 +84,17 @@ static SYNC_RESPONSE: Mutex<Option<Instant>> = Mutex::new(None);
 static SDK_PARTS: Mutex<SdkParts> = Mutex::new([None; CLOCKED.len()]);
 
 fn enabled() -> bool {
-    tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
+    cfg!(feature = "latency") && tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
 }
 
-/// Whether a `RUST_LOG` value turns the measurements on (then [`SyncClock`] is installed).
+/// Whether a `RUST_LOG` value turns the measurements on (then [`SyncClock`] is installed);
+/// never without the `latency` feature.
 pub fn wanted(rust_log: Option<&str>) -> bool {
+    cfg!(feature = "latency") && asks_for_latency(rust_log)
+}
+
+/// Whether a `RUST_LOG` value asks for the measurements' target at DEBUG.
+fn asks_for_latency(rust_log: Option<&str>) -> bool {
     let verbose = |l: &str| l.eq_ignore_ascii_case("debug") || l.eq_ignore_ascii_case("trace");
     rust_log.is_some_and(|v| {
         v.split(',')
@@ -99,6 +109,9 @@ pub fn wanted(rust_log: Option<&str>) -> bool {
 /// When the latest `/sync` response arrived, once (the next call says `None` until another
 /// arrives).
 pub fn take_sync_response() -> Option<Instant> {
+    if !cfg!(feature = "latency") {
+        return None;
+    }
     SYNC_RESPONSE
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -107,6 +120,9 @@ pub fn take_sync_response() -> Option<Instant> {
 
 /// How long the SDK's clocked parts took over the latest sync response, once.
 pub fn take_sdk_parts() -> SdkParts {
+    if !cfg!(feature = "latency") {
+        return SdkParts::default();
+    }
     std::mem::take(&mut *SDK_PARTS.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
@@ -188,6 +204,9 @@ pub fn sent_to_agent(event_id: &str) {
 
 /// A post caused by an agent message received at `since` is about to be sent.
 pub fn agent_to_send(since: Instant) {
+    if !cfg!(feature = "latency") {
+        return;
+    }
     tracing::debug!(target: TARGET, leg = "agent_to_send", us = since.elapsed().as_micros() as u64);
 }
 
@@ -325,7 +344,12 @@ mod tests {
             (Some("debug"), true),
         ];
         for (value, want) in cases {
-            assert_eq!(wanted(value), want, "{value:?}");
+            assert_eq!(asks_for_latency(value), want, "{value:?}");
+            assert_eq!(
+                wanted(value),
+                want && cfg!(feature = "latency"),
+                "{value:?}"
+            );
         }
     }
 

@@ -26,7 +26,7 @@ use matrix_sdk::ruma::events::MessageLikeEventContent;
 use matrix_sdk::ruma::events::reaction::ReactionEventContent;
 use matrix_sdk::ruma::events::relation::Annotation;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
-use matrix_sdk::ruma::{EventId, OwnedEventId, TransactionId};
+use matrix_sdk::ruma::{EventId, OwnedEventId, RoomId, TransactionId};
 use matrix_sdk::{HttpError, Room};
 use serde::Serialize;
 use tracing::{error, info, warn};
@@ -149,57 +149,72 @@ where
             }
             Err(e) => e,
         };
-        let observed = observe(&err);
-        let wait = match verdict(&observed) {
-            Verdict::RateLimited(asked) => {
-                crate::metrics::send_retry("rate_limited");
-                let wait = asked
-                    .map(|d| d.min(MAX_RETRY_AFTER))
-                    .or_else(|| backoff.next())
-                    .unwrap_or(Duration::from_secs(60));
-                info!(
-                    room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt,
-                    wait_ms = wait.as_millis() as u64,
-                    "rate limited by the homeserver; waiting before posting again"
-                );
-                wait
-            }
-            Verdict::Transient => {
-                crate::metrics::send_retry(match observed {
-                    Observed::Network => "network",
-                    Observed::Status { .. } => "server_error",
-                    _ => "other",
-                });
-                let wait = backoff.next().unwrap_or(Duration::from_secs(60));
-                warn!(
-                    room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt,
-                    wait_ms = wait.as_millis() as u64, error = %err,
-                    "post failed; retrying with the same transaction id"
-                );
-                wait
-            }
-            Verdict::Permanent => {
-                let refusal = refusal(&observed, &err);
-                error!(
-                    room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about,
-                    status = refusal.status, errcode = refusal.errcode.as_deref(),
-                    reason = %refusal.message,
-                    "post refused by the homeserver for good; parked, not retried"
-                );
-                let json = serde_json::to_string(&content).unwrap_or_default();
-                ctx.journal
-                    .park_send(out.txn.as_str(), &refusal.to_string(), &json)?;
-                if let Ok(n) = ctx.journal.parked_count() {
-                    ctx.health.set_parked_sends(n);
-                }
-                return Err(PostError::Refused(refusal));
-            }
-        };
+        let wait = after_failure(ctx, room_id, &content, out, attempt, &err, &mut backoff)?;
         tokio::select! {
             _ = ctx.shutdown.cancelled() => return Err(PostError::Shutdown),
             _ = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// After a failed attempt of `out`: how long to wait before the next one, or, when the
+/// homeserver refused it for good, the refusal (the send is parked, with its content kept).
+fn after_failure<C: Serialize>(
+    ctx: &Shared,
+    room_id: &RoomId,
+    content: &C,
+    out: Outgoing<'_>,
+    attempt: u32,
+    err: &matrix_sdk::Error,
+    backoff: &mut impl Iterator<Item = Duration>,
+) -> Result<Duration, PostError> {
+    let observed = observe(err);
+    let about = out.about.map(EventId::as_str).unwrap_or_default();
+    Ok(match verdict(&observed) {
+        Verdict::RateLimited(asked) => {
+            crate::metrics::send_retry("rate_limited");
+            let wait = asked
+                .map(|d| d.min(MAX_RETRY_AFTER))
+                .or_else(|| backoff.next())
+                .unwrap_or(Duration::from_secs(60));
+            info!(
+                room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt,
+                wait_ms = wait.as_millis() as u64,
+                "rate limited by the homeserver; waiting before posting again"
+            );
+            wait
+        }
+        Verdict::Transient => {
+            crate::metrics::send_retry(match observed {
+                Observed::Network => "network",
+                Observed::Status { .. } => "server_error",
+                _ => "other",
+            });
+            let wait = backoff.next().unwrap_or(Duration::from_secs(60));
+            warn!(
+                room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about, attempt,
+                wait_ms = wait.as_millis() as u64, error = %err,
+                "post failed; retrying with the same transaction id"
+            );
+            wait
+        }
+        Verdict::Permanent => {
+            let refusal = refusal(&observed, err);
+            error!(
+                room_id = %room_id, txn_id = %out.txn, purpose = %out.purpose, about,
+                status = refusal.status, errcode = refusal.errcode.as_deref(),
+                reason = %refusal.message,
+                "post refused by the homeserver for good; parked, not retried"
+            );
+            let json = serde_json::to_string(content).unwrap_or_default();
+            ctx.journal
+                .park_send(out.txn.as_str(), &refusal.to_string(), &json)?;
+            if let Ok(n) = ctx.journal.parked_count() {
+                ctx.health.set_parked_sends(n);
+            }
+            return Err(PostError::Refused(refusal));
+        }
+    })
 }
 
 /// Sends `content` once, without a journal record or retries: for updates that the next one

@@ -152,43 +152,8 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     // lives, so never expected): then the rooms come from what `sync_once` returns.
     let mut updates = Some(ctx.client.subscribe_to_all_room_updates());
     loop {
-        let client = ctx.client.clone();
-        let request = settings.clone();
-        let mut sync =
-            AbortOnDropHandle::new(tokio::spawn(async move { client.sync_once(request).await }));
-        let result = loop {
-            let broadcast = async {
-                match updates.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                biased;
-                _ = ctx.shutdown.cancelled() => return Ok(()),
-                update = broadcast => take(&ctx, &mut updates, update).await,
-                r = &mut sync => break r,
-            }
-        };
-        // The broadcast can come in the very poll that finished the sync.
-        while let Some(rx) = updates.as_mut() {
-            let update = match rx.try_recv() {
-                Err(TryRecvError::Empty) => break,
-                Ok(rooms) => Ok(rooms),
-                Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
-                Err(TryRecvError::Closed) => Err(RecvError::Closed),
-            };
-            take(&ctx, &mut updates, update).await;
-        }
-        let result = match result {
-            Ok(Ok(response)) if updates.is_none() => {
-                handle(&ctx, response.rooms).await;
-                Ok(())
-            }
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            // A panic inside matrix-sdk: a failed sync, tried again after the backoff.
-            Err(e) => Err(format!("the sync task ended: {e}")),
+        let Some(result) = sync_round(&ctx, &settings, &mut updates).await else {
+            return Ok(());
         };
         match result {
             Ok(()) => {
@@ -217,6 +182,53 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
             }
         }
     }
+}
+
+/// One `sync_once`, journaling the rooms it brings from the broadcast meanwhile. `None` on
+/// shutdown; else whether it worked (the error as text).
+async fn sync_round(
+    ctx: &Ctx,
+    settings: &SyncSettings,
+    updates: &mut Option<tokio::sync::broadcast::Receiver<RoomUpdates>>,
+) -> Option<Result<(), String>> {
+    let client = ctx.client.clone();
+    let request = settings.clone();
+    let mut sync =
+        AbortOnDropHandle::new(tokio::spawn(async move { client.sync_once(request).await }));
+    let result = loop {
+        let broadcast = async {
+            match updates.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return None,
+            update = broadcast => take(ctx, updates, update).await,
+            r = &mut sync => break r,
+        }
+    };
+    // The broadcast can come in the very poll that finished the sync.
+    while let Some(rx) = updates.as_mut() {
+        let update = match rx.try_recv() {
+            Err(TryRecvError::Empty) => break,
+            Ok(rooms) => Ok(rooms),
+            Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+            Err(TryRecvError::Closed) => Err(RecvError::Closed),
+        };
+        take(ctx, updates, update).await;
+    }
+    Some(match result {
+        Ok(Ok(response)) if updates.is_none() => {
+            handle(ctx, response.rooms).await;
+            Ok(())
+        }
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        // A panic inside matrix-sdk: a failed sync, tried again after the backoff.
+        Err(e) => Err(format!("the sync task ended: {e}")),
+    })
 }
 
 /// One item of the room-update broadcast: journals the rooms, or, when updates were missed

@@ -71,9 +71,8 @@ fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
 }
 
 /// Acts on a journaled event: an answer goes to the waiting question or approval, a message to
-/// its lane (woken by [`wake`]).
+/// its lane (woken by [`super::wake`]).
 pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mut Pokes) {
-    let body = e.body();
     bot_loop_step(ctx, ev, &decision);
     match decision {
         Decision::Ignore(IgnoreReason::Notice) => ctx.bot_loops.saw_notice(&ev.sender),
@@ -85,53 +84,11 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
         Decision::SetMode { every_message } => notices::set_mode(ctx, ev, every_message),
         Decision::Redaction => {
             redact(ctx, e);
-            if let Some(chat) = &ev.chat_id {
-                pokes.entry(chat.clone()).or_insert_with(|| ChatRef {
-                    chat_id: chat.clone(),
-                    room_id: ev.room_id.clone(),
-                    thread_root: ev.thread_root.clone(),
-                });
-            }
+            poke(ev, pokes);
         }
-        Decision::ReplaceQueued => {
-            let Kind::Edit { target, new, .. } = &e.kind else {
-                return;
-            };
-            let target = target.as_str();
-            match ctx
-                .journal
-                .replace_queued_content(target, &Stored::Message(new.clone()))
-            {
-                Ok(replaced) => {
-                    info!(event_id = %ev.event_id, edited = %target, replaced, "edit of a queued message")
-                }
-                Err(e) => error!(error = %e, "journal write failed"),
-            }
-        }
-        Decision::Unsupported(kind) => {
-            info!(event_id = %ev.event_id, kind, "content the bot cannot read");
-            if ctx.bot_loops.first_notice(&ev.room_id, kind) {
-                let text = format!(
-                    "I cannot read a {kind} yet. Send a picture or a file, or say it in words."
-                );
-                notices::notify(ctx, ev, text, Purpose::Unsupported);
-            }
-        }
-        Decision::Plaintext => {
-            warn!(
-                room_id = %ev.room_id,
-                event_id = %ev.event_id,
-                sender = %ev.sender,
-                "unencrypted event in an encrypted room: not acted on"
-            );
-            if ctx.bot_loops.first_notice(&ev.room_id, "plaintext") {
-                let text = "⚠️ This room is encrypted, and I act only on what arrives \
-                            encrypted in it. Reactions never are (Matrix clients send them in \
-                            clear), so to answer a prompt, reply yes, always or no; an \
-                            unencrypted message, edit or reaction is ignored here.";
-                notices::notify_about(ctx, ev, e, text.to_owned(), Purpose::Plaintext);
-            }
-        }
+        Decision::ReplaceQueued => replace_queued(ctx, ev, e),
+        Decision::Unsupported(kind) => unsupported(ctx, ev, kind),
+        Decision::Plaintext => plaintext(ctx, ev, e),
         Decision::UnverifiedApproval { request_id } => {
             warn!(
                 room_id = %ev.room_id,
@@ -146,7 +103,7 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
             notices::notify_about(ctx, ev, e, text.to_owned(), Purpose::ApprovalUnverified);
         }
         Decision::Answer(question_id) => {
-            let text = decide::strip_reply_fallback(body);
+            let text = decide::strip_reply_fallback(e.body());
             let delivered = ctx.waits.answer(&question_id, text, &ev.sender);
             info!(event_id = %ev.event_id, question_id = %question_id, delivered, "answer received");
         }
@@ -161,12 +118,63 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
         Decision::Context | Decision::Trigger | Decision::WaitForKey => {
             if let Some(chat) = &ev.chat_id {
                 debug!(event_id = %ev.event_id, chat_id = %chat, disposition = ?ev.disposition, "journaled");
-                pokes.entry(chat.clone()).or_insert_with(|| ChatRef {
-                    chat_id: chat.clone(),
-                    room_id: ev.room_id.clone(),
-                    thread_root: ev.thread_root.clone(),
-                });
             }
+            poke(ev, pokes);
         }
+    }
+}
+
+/// Wakes the lane of `ev`'s chat after the batch (once per chat).
+fn poke(ev: &NewEvent, pokes: &mut Pokes) {
+    if let Some(chat) = &ev.chat_id {
+        pokes.entry(chat.clone()).or_insert_with(|| ChatRef {
+            chat_id: chat.clone(),
+            room_id: ev.room_id.clone(),
+            thread_root: ev.thread_root.clone(),
+        });
+    }
+}
+
+/// An edit of a message its lane has not processed yet: the message takes the new content.
+fn replace_queued(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
+    let Kind::Edit { target, new, .. } = &e.kind else {
+        return;
+    };
+    let target = target.as_str();
+    match ctx
+        .journal
+        .replace_queued_content(target, &Stored::Message(new.clone()))
+    {
+        Ok(replaced) => {
+            info!(event_id = %ev.event_id, edited = %target, replaced, "edit of a queued message")
+        }
+        Err(e) => error!(error = %e, "journal write failed"),
+    }
+}
+
+/// Content the bot cannot read yet, sent to it: the room is told once.
+fn unsupported(ctx: &Ctx, ev: &NewEvent, kind: &'static str) {
+    info!(event_id = %ev.event_id, kind, "content the bot cannot read");
+    if ctx.bot_loops.first_notice(&ev.room_id, kind) {
+        let text =
+            format!("I cannot read a {kind} yet. Send a picture or a file, or say it in words.");
+        notices::notify(ctx, ev, text, Purpose::Unsupported);
+    }
+}
+
+/// An unencrypted event in an encrypted room: logged, and the room is told once.
+fn plaintext(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
+    warn!(
+        room_id = %ev.room_id,
+        event_id = %ev.event_id,
+        sender = %ev.sender,
+        "unencrypted event in an encrypted room: not acted on"
+    );
+    if ctx.bot_loops.first_notice(&ev.room_id, "plaintext") {
+        let text = "⚠️ This room is encrypted, and I act only on what arrives \
+                    encrypted in it. Reactions never are (Matrix clients send them in \
+                    clear), so to answer a prompt, reply yes, always or no; an \
+                    unencrypted message, edit or reaction is ignored here.";
+        notices::notify_about(ctx, ev, e, text.to_owned(), Purpose::Plaintext);
     }
 }

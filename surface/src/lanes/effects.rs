@@ -40,6 +40,38 @@ pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// How long an `ask_user` question waits before it is answered "no reply".
 pub const QUESTION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
+/// The deadlines a turn keeps while it waits.
+#[derive(Debug, Default)]
+struct Clock {
+    /// While recovering, a fixed deadline: only a reconnect after the link was down extends
+    /// it, or a lost end blocks the chat for good.
+    recovering: Option<tokio::time::Instant>,
+    /// Since when the turn has been waiting for the agent (not accepted, or the link down).
+    waiting_since: Option<tokio::time::Instant>,
+}
+
+impl Clock {
+    /// When the turn stops waiting for what it waits for (`None`: as long as it takes).
+    fn deadline(
+        &mut self,
+        waits: WaitsFor,
+        agent_down_notice: Option<Duration>,
+    ) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        match waits {
+            WaitsFor::News => {
+                self.waiting_since = None;
+                Some(self.recovering.unwrap_or(now + TURN_IDLE_TIMEOUT))
+            }
+            WaitsFor::Agent => {
+                agent_down_notice.map(|grace| *self.waiting_since.get_or_insert(now) + grace)
+            }
+            // The message is in the journal: it waits for the agent as long as it takes.
+            WaitsFor::AgentTold => None,
+        }
+    }
+}
+
 /// Where a running turn posts.
 pub(super) struct Turn {
     target: ReplyTarget,
@@ -112,79 +144,13 @@ impl Lane {
             self.ctx.config.show_tool_calls,
             self.outage_told,
         );
-        // While recovering, a fixed deadline: only a reconnect after the link was down extends
-        // it, or a lost end blocks the chat for good.
-        let mut recovering: Option<tokio::time::Instant> = None;
-        // Since when the turn has been waiting for the agent (not accepted, or the link down).
-        let mut waiting_since: Option<tokio::time::Instant> = None;
+        let mut clock = Clock::default();
         let outcome = 'turn: loop {
-            let now = tokio::time::Instant::now();
-            let deadline = match state.wait() {
-                WaitsFor::News => {
-                    waiting_since = None;
-                    Some(recovering.unwrap_or(now + TURN_IDLE_TIMEOUT))
-                }
-                WaitsFor::Agent => self
-                    .ctx
-                    .config
-                    .agent_down_notice
-                    .map(|grace| *waiting_since.get_or_insert(now) + grace),
-                // The message is in the journal: it waits for the agent as long as it takes.
-                WaitsFor::AgentTold => None,
-            };
-            let input = tokio::select! {
-                _ = self.ctx.shutdown.cancelled() => Input::Stop,
-                _ = until(deadline) => Input::Quiet,
-                r = self.events.recv() => match r {
-                    None => Input::Stop,
-                    Some(LinkEvent::Connected { last_seq }) => {
-                        debug!(last_seq, "link (re)connected during turn");
-                        Input::Connected { last_seq }
-                    }
-                    Some(LinkEvent::Disconnected) => Input::Disconnected,
-                    Some(LinkEvent::Message(m)) => {
-                        turn.since = tokio::time::Instant::now();
-                        turn.progress.agent_heard();
-                        Input::Message(m)
-                    }
-                },
-            };
+            let deadline = clock.deadline(state.wait(), self.ctx.config.agent_down_notice);
+            let input = self.next_input(&mut turn, deadline).await;
             for step in state.on(input) {
-                match step {
-                    Step::Answer(text) => self.answer(&mut turn, &text).await,
-                    Step::Progress => self.progress(&mut turn, state.pending_text()).await,
-                    Step::Notice {
-                        text,
-                        purpose: purpose @ Purpose::AgentUnreachable,
-                    } => {
-                        let waited = waiting_since.map(|t| t.elapsed().as_secs()).unwrap_or(0);
-                        warn!(
-                            waited_s = waited,
-                            "the agent cannot be reached; the room is told its message waits"
-                        );
-                        turn.outages += 1;
-                        let txn = render::notice_txn_id(
-                            &format!("{}#{}", turn.turn, turn.outages),
-                            purpose,
-                        );
-                        let content = turn.target.notice(&text);
-                        self.post_as(&mut turn, content, purpose, txn).await;
-                    }
-                    Step::Notice { text, purpose } => {
-                        if purpose == Purpose::TurnFailed {
-                            warn!(notice = %text, "turn did not complete");
-                        }
-                        self.post_notice(&mut turn, &text, purpose).await;
-                    }
-                    Step::SendFile(f) => self.send_file(&mut turn, f).await,
-                    Step::Approval(r) => self.approval(&mut turn, r).await,
-                    Step::Ask(q) => self.ask(&mut turn, q).await,
-                    Step::Recover => {
-                        recovering = Some(tokio::time::Instant::now() + RECOVERY_IDLE_TIMEOUT);
-                    }
-                    Step::Resume => recovering = None,
-                    Step::AgentError(e) => warn!(error = %e, "agent error"),
-                    Step::Finish(outcome) => break 'turn outcome,
+                if let Some(outcome) = self.carry_out(&mut turn, &mut clock, &state, step).await {
+                    break 'turn outcome;
                 }
             }
         };
@@ -209,6 +175,80 @@ impl Lane {
         if let Err(e) = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq) {
             error!(error = %e, "could not mark the turn finished");
         }
+    }
+
+    /// What the turn hears next: the agent, its link, the shutdown, or nothing before
+    /// `deadline`.
+    async fn next_input(
+        &mut self,
+        turn: &mut Turn,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Input {
+        tokio::select! {
+            _ = self.ctx.shutdown.cancelled() => Input::Stop,
+            _ = until(deadline) => Input::Quiet,
+            r = self.events.recv() => match r {
+                None => Input::Stop,
+                Some(LinkEvent::Connected { last_seq }) => {
+                    debug!(last_seq, "link (re)connected during turn");
+                    Input::Connected { last_seq }
+                }
+                Some(LinkEvent::Disconnected) => Input::Disconnected,
+                Some(LinkEvent::Message(m)) => {
+                    turn.since = tokio::time::Instant::now();
+                    turn.progress.agent_heard();
+                    Input::Message(m)
+                }
+            },
+        }
+    }
+
+    /// Carries out one step of the turn's state machine; `Some` when the turn is over.
+    async fn carry_out(
+        &mut self,
+        turn: &mut Turn,
+        clock: &mut Clock,
+        state: &TurnState,
+        step: Step,
+    ) -> Option<Outcome> {
+        match step {
+            Step::Answer(text) => self.answer(turn, &text).await,
+            Step::Progress => self.progress(turn, state.pending_text()).await,
+            Step::Notice {
+                text,
+                purpose: purpose @ Purpose::AgentUnreachable,
+            } => {
+                let waited = clock
+                    .waiting_since
+                    .map(|t| t.elapsed().as_secs())
+                    .unwrap_or(0);
+                warn!(
+                    waited_s = waited,
+                    "the agent cannot be reached; the room is told its message waits"
+                );
+                turn.outages += 1;
+                let txn =
+                    render::notice_txn_id(&format!("{}#{}", turn.turn, turn.outages), purpose);
+                let content = turn.target.notice(&text);
+                self.post_as(turn, content, purpose, txn).await;
+            }
+            Step::Notice { text, purpose } => {
+                if purpose == Purpose::TurnFailed {
+                    warn!(notice = %text, "turn did not complete");
+                }
+                self.post_notice(turn, &text, purpose).await;
+            }
+            Step::SendFile(f) => self.send_file(turn, f).await,
+            Step::Approval(r) => self.approval(turn, r).await,
+            Step::Ask(q) => self.ask(turn, q).await,
+            Step::Recover => {
+                clock.recovering = Some(tokio::time::Instant::now() + RECOVERY_IDLE_TIMEOUT);
+            }
+            Step::Resume => clock.recovering = None,
+            Step::AgentError(e) => warn!(error = %e, "agent error"),
+            Step::Finish(outcome) => return Some(outcome),
+        }
+        None
     }
 
     /// Posts answer text (in as many messages as it takes). An answer shown while it was

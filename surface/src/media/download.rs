@@ -15,7 +15,7 @@ use super::{
 };
 use crate::filename::sanitize_filename;
 use crate::mime::{self, HEAD_BYTES};
-use crate::workspace::{Workspace, WorkspaceError};
+use crate::workspace::{InboxTemp, Workspace, WorkspaceError};
 
 /// An attachment to fetch, as found in an `m.file`/`m.image`/`m.audio`/`m.video` event.
 #[derive(Debug, Clone)]
@@ -207,22 +207,7 @@ async fn attempt(
     url: &url::Url,
     limit: u64,
 ) -> Result<Downloaded, DownloadFailure> {
-    let mut resp = send(
-        api.get(url.clone(), transfer_timeout(limit)),
-        HEADERS_TIMEOUT,
-    )
-    .await
-    .map_err(|e| match e {
-        HttpError::Status { status: 404, .. } => DownloadFailure::NotFound,
-        e => e.into(),
-    })?;
-    let announced = resp.content_length();
-    if let Some(size) = announced.filter(|s| *s > limit) {
-        return Err(DownloadFailure::TooLarge {
-            limit,
-            size: Some(size),
-        });
-    }
+    let (mut resp, announced) = fetch(api, url, limit).await?;
     let mut temp = ws
         .create_inbox_file(
             req.sender.as_str(),
@@ -254,17 +239,7 @@ async fn attempt(
         .await;
     let head_cap = HEAD_BYTES.min(usize::try_from(limit).unwrap_or(HEAD_BYTES));
     let mut spool = Spool::start(out, keystream, expected.is_some(), head_cap);
-    let mut size: u64 = 0;
-    while let Some(chunk) = next_chunk(&mut resp).await? {
-        size += chunk.len() as u64;
-        if size > limit {
-            // `temp` is dropped on return: the partial file goes with it.
-            return Err(DownloadFailure::TooLarge { limit, size: None });
-        }
-        if spool.push(&chunk).await.is_err() {
-            break; // A stage failed; its error is below.
-        }
-    }
+    let size = pump(&mut resp, &mut spool, limit).await?;
     let landed = spool.finish().await.map_err(disk)?;
     if let (Some(got), Some(expected)) = (landed.sha256, expected) {
         cipher::check(&got, &expected).map_err(|e| DownloadFailure::Decryption(e.to_string()))?;
@@ -276,7 +251,64 @@ async fn attempt(
         }
         .into());
     }
-    let mime = mime::reconcile(req.declared_mime.as_deref(), &landed.head, temp.name());
+    land(temp, req, &landed.head, landed.size, size).await
+}
+
+/// Asks for the file; refuses one whose announced size is over `limit`. Returns the response
+/// and the announced size.
+async fn fetch(
+    api: &MediaApi,
+    url: &url::Url,
+    limit: u64,
+) -> Result<(reqwest::Response, Option<u64>), DownloadFailure> {
+    let resp = send(
+        api.get(url.clone(), transfer_timeout(limit)),
+        HEADERS_TIMEOUT,
+    )
+    .await
+    .map_err(|e| match e {
+        HttpError::Status { status: 404, .. } => DownloadFailure::NotFound,
+        e => e.into(),
+    })?;
+    let announced = resp.content_length();
+    if let Some(size) = announced.filter(|s| *s > limit) {
+        return Err(DownloadFailure::TooLarge {
+            limit,
+            size: Some(size),
+        });
+    }
+    Ok((resp, announced))
+}
+
+/// Streams the body into `spool`; returns how many bytes came. More than `limit` is an error.
+async fn pump(
+    resp: &mut reqwest::Response,
+    spool: &mut Spool,
+    limit: u64,
+) -> Result<u64, DownloadFailure> {
+    let mut size: u64 = 0;
+    while let Some(chunk) = next_chunk(resp).await? {
+        size += chunk.len() as u64;
+        if size > limit {
+            // The caller's temporary file is dropped on return: the partial file goes with it.
+            return Err(DownloadFailure::TooLarge { limit, size: None });
+        }
+        if spool.push(&chunk).await.is_err() {
+            break; // A stage failed; its error comes from `Spool::finish`.
+        }
+    }
+    Ok(size)
+}
+
+/// The downloaded file takes its place in the inbox, with the type its first bytes show.
+async fn land(
+    mut temp: InboxTemp,
+    req: &DownloadRequest,
+    head: &[u8],
+    landed_size: u64,
+    size: u64,
+) -> Result<Downloaded, DownloadFailure> {
+    let mime = mime::reconcile(req.declared_mime.as_deref(), head, temp.name());
     if mime::disagrees(req.declared_mime.as_deref(), &mime) {
         tracing::warn!(
             declared = req.declared_mime.as_deref().unwrap_or_default(),
@@ -299,7 +331,7 @@ async fn attempt(
         info: AttachmentInfo {
             name,
             mime,
-            size: landed.size,
+            size: landed_size,
             inode,
             ..AttachmentInfo::default()
         },
