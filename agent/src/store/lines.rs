@@ -2,7 +2,6 @@
 //! old single-record format it replaces, and the file primitives: reading a line at an offset,
 //! atomic writes and durable removal.
 
-use super::log::TurnSlot;
 use super::*;
 
 /// One line of the log.
@@ -122,20 +121,6 @@ pub(super) fn unexpected(at: u64) -> io::Error {
         io::ErrorKind::InvalidData,
         format!("unexpected kind of line at offset {at}"),
     )
-}
-
-/// The turn of `slot` with how it ended.
-pub(super) fn read_turn(file: &File, slot: &TurnSlot) -> io::Result<TurnRecord> {
-    let Entry::Turn(mut turn) = read_entry(file, slot.at)? else {
-        return Err(unexpected(slot.at));
-    };
-    if slot.end != 0 {
-        let Entry::End(end) = read_entry(file, slot.end)? else {
-            return Err(unexpected(slot.end));
-        };
-        turn.apply(end);
-    }
-    Ok(turn)
 }
 
 pub(super) fn turn_id_at(file: &File, at: u64) -> io::Result<String> {

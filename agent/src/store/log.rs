@@ -48,6 +48,20 @@ pub struct ChatLog {
     always_allowed: BTreeSet<(Option<String>, String, String)>,
 }
 
+/// The turn of `slot` with how it ended.
+fn read_turn(file: &File, slot: &TurnSlot) -> io::Result<TurnRecord> {
+    let Entry::Turn(mut turn) = read_entry(file, slot.at)? else {
+        return Err(unexpected(slot.at));
+    };
+    if slot.end != 0 {
+        let Entry::End(end) = read_entry(file, slot.end)? else {
+            return Err(unexpected(slot.end));
+        };
+        turn.apply(end);
+    }
+    Ok(turn)
+}
+
 pub(super) fn id_hash(id: &str) -> u64 {
     let mut h = DefaultHasher::new();
     id.hash(&mut h);

@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-pub(crate) use hub::shown_within;
-pub use hub::{ClientError, Hub, McpClient, McpError, McpTool};
+pub(crate) use client::shown_within;
+pub use client::{ClientError, McpClient, McpTool};
+pub use hub::{Hub, McpError};
 
 use super::{Registry, ToolCx, ToolError, ToolOutput, ToolSpec, TurnGrants, json_args};
 use crate::config::{MCP_SEPARATOR, Policy};

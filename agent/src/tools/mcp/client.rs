@@ -1,6 +1,7 @@
-//! [`McpClient`] over the rmcp SDK: a child process on stdio (whose stdout the agent checks line
-//! by line before rmcp reads it: `stdio`), or a streamable-HTTP server. Nothing else in the
-//! agent names rmcp.
+//! [`McpClient`], the rest of the agent's only view of a connected MCP server (and
+//! [`shown`], how whatever a server names is logged), implemented over the rmcp SDK: a child
+//! process on stdio (whose stdout the agent checks line by line before rmcp reads it: `stdio`),
+//! or a streamable-HTTP server. Nothing else in the agent names rmcp.
 
 mod stdio;
 
@@ -16,8 +17,10 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use tracing::{info, warn};
 
-use super::hub::{ClientError, McpClient, McpTool, shown};
 use crate::config::{McpServerConfig, McpTransport};
+
+/// Most characters of a server-chosen name logged (see [`shown`]).
+const MAX_SHOWN: usize = 80;
 
 /// Pages of `tools/list` read at most: a server that hands out cursors forever is cut off.
 const MAX_TOOL_PAGES: usize = 32;
@@ -25,6 +28,43 @@ const MAX_TOOL_PAGES: usize = 32;
 /// Tools listed at most (across pages); more are left out. Far above what a turn offers
 /// ([`super::hub::MAX_TOOLS_PER_TURN`]) but bounds what one server makes the agent hold.
 const MAX_LISTED_TOOLS: usize = 4096;
+
+/// A tool an MCP server offers, as it described it.
+#[derive(Debug, Clone)]
+pub struct McpTool {
+    /// Its name on the server.
+    pub name: String,
+    /// What it does (empty when the server says nothing).
+    pub description: String,
+    /// The JSON schema of its arguments.
+    pub schema: Value,
+}
+
+/// Why a client request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The connection is broken (the process exited, the HTTP server went away): it is
+    /// dropped and made again on the next call.
+    #[error("{0}")]
+    Broken(String),
+    /// The server answered with an error; the connection is fine.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A connected MCP server. The only view the rest of the agent has of the MCP SDK.
+pub trait McpClient: Send + Sync {
+    /// Every tool the server offers.
+    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<McpTool>, ClientError>>;
+    /// Calls `tool`; the text of its result, and whether the tool reported an error.
+    fn call<'a>(
+        &'a self,
+        tool: &'a str,
+        args: Map<String, Value>,
+    ) -> BoxFuture<'a, Result<(String, bool), ClientError>>;
+    /// Whether the connection has ended.
+    fn is_closed(&self) -> bool;
+}
 
 struct Rmcp {
     /// The server's name in the agent's configuration.
@@ -82,6 +122,30 @@ pub(super) async fn connect(config: &McpServerConfig) -> Result<Arc<dyn McpClien
         service,
         spoiled,
     }))
+}
+
+/// Text a server chose (a tool name, its stderr, its own name), fit for a log line or an
+/// error: control characters escaped, so a newline cannot start a forged log line, and at
+/// most [`MAX_SHOWN`] characters, the cut marked.
+pub(super) fn shown(text: &str) -> String {
+    shown_within(text, MAX_SHOWN)
+}
+
+/// [`shown`] with its own length limit, in characters.
+pub(crate) fn shown_within(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max + 8));
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Why the handshake failed, in words for the operator.
@@ -191,5 +255,24 @@ fn content_text(block: &ContentBlock) -> String {
         ContentBlock::Resource(_) => "[embedded resource]".to_owned(),
         ContentBlock::ResourceLink(r) => format!("[resource {}]", r.uri),
         _ => "[content of a kind this agent does not know]".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_text_is_escaped_and_cut_for_logs() {
+        assert_eq!(shown("echo"), "echo");
+        assert_eq!(
+            shown("a\nINFO forged\r\u{1b}[31m"),
+            "a\\nINFO forged\\r\\u{1b}[31m"
+        );
+        assert_eq!(shown("x\u{2028}y"), "x\\u{2028}y");
+        let long = shown(&"é".repeat(200));
+        assert_eq!(long.chars().count(), MAX_SHOWN + 1);
+        assert!(long.ends_with('…'));
+        assert_eq!(shown_within("abcdef", 3), "abc…");
     }
 }

@@ -19,6 +19,7 @@ use protocol::ChatId;
 use serde_json::{Map, Value};
 use tracing::{info, warn};
 
+use super::client::{self, ClientError, McpClient, McpTool, shown, shown_within};
 use crate::config::{MCP_SEPARATOR, McpConfig, McpServerConfig};
 
 /// After a server failed to start, calls fail at once for this long instead of trying again
@@ -37,48 +38,8 @@ pub const MAX_TOOLS_PER_TURN: usize = 128;
 /// Longest tool name OpenAI-compatible servers accept.
 const MAX_TOOL_NAME: usize = 64;
 
-/// Most characters of a server-chosen name logged (see [`shown`]).
-const MAX_SHOWN: usize = 80;
-
 /// Most characters of a call's result passed on to the brain.
 const MAX_RESULT_CHARS: usize = 100_000;
-
-/// A tool an MCP server offers, as it described it.
-#[derive(Debug, Clone)]
-pub struct McpTool {
-    /// Its name on the server.
-    pub name: String,
-    /// What it does (empty when the server says nothing).
-    pub description: String,
-    /// The JSON schema of its arguments.
-    pub schema: Value,
-}
-
-/// Why a client request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The connection is broken (the process exited, the HTTP server went away): it is
-    /// dropped and made again on the next call.
-    #[error("{0}")]
-    Broken(String),
-    /// The server answered with an error; the connection is fine.
-    #[error("{0}")]
-    Refused(String),
-}
-
-/// A connected MCP server. The only view the rest of the agent has of the MCP SDK.
-pub trait McpClient: Send + Sync {
-    /// Every tool the server offers.
-    fn list_tools(&self) -> BoxFuture<'_, Result<Vec<McpTool>, ClientError>>;
-    /// Calls `tool`; the text of its result, and whether the tool reported an error.
-    fn call<'a>(
-        &'a self,
-        tool: &'a str,
-        args: Map<String, Value>,
-    ) -> BoxFuture<'a, Result<(String, bool), ClientError>>;
-    /// Whether the connection has ended.
-    fn is_closed(&self) -> bool;
-}
 
 /// Why an MCP tool could not be used. The message goes to the brain (and the room): it names
 /// the server, never a token.
@@ -389,7 +350,7 @@ impl Hub {
 async fn start_server(server: Arc<Server>, limit: Duration) -> Started {
     let name = &server.config.name;
     let attempt = async {
-        let client = super::client::connect(&server.config).await?;
+        let client = client::connect(&server.config).await?;
         let tools = client.list_tools().await.map_err(|e| e.to_string())?;
         Ok::<_, String>((client, tools))
     };
@@ -454,30 +415,6 @@ fn registry_names(server: &str, tools: Vec<McpTool>) -> BTreeMap<String, McpTool
     names
 }
 
-/// Text a server chose (a tool name, its stderr, its own name), fit for a log line or an
-/// error: control characters escaped, so a newline cannot start a forged log line, and at
-/// most [`MAX_SHOWN`] characters, the cut marked.
-pub(super) fn shown(text: &str) -> String {
-    shown_within(text, MAX_SHOWN)
-}
-
-/// [`shown`] with its own length limit, in characters.
-pub(crate) fn shown_within(text: &str, max: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max + 8));
-    for (i, c) in text.chars().enumerate() {
-        if i == max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Cuts a result to [`MAX_RESULT_CHARS`], marking the cut.
 fn cap(text: String) -> String {
     if text.chars().count() <= MAX_RESULT_CHARS {
@@ -516,20 +453,6 @@ mod tests {
         let keys: Vec<&str> = names.keys().map(String::as_str).collect();
         assert_eq!(keys, ["demo__echo", "demo__fs_read"]);
         assert_eq!(names["demo__fs_read"].name, "fs.read");
-    }
-
-    #[test]
-    fn server_text_is_escaped_and_cut_for_logs() {
-        assert_eq!(shown("echo"), "echo");
-        assert_eq!(
-            shown("a\nINFO forged\r\u{1b}[31m"),
-            "a\\nINFO forged\\r\\u{1b}[31m"
-        );
-        assert_eq!(shown("x\u{2028}y"), "x\\u{2028}y");
-        let long = shown(&"é".repeat(200));
-        assert_eq!(long.chars().count(), MAX_SHOWN + 1);
-        assert!(long.ends_with('…'));
-        assert_eq!(shown_within("abcdef", 3), "abc…");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream
 use tokio::process::{Child, ChildStdin};
 use tracing::debug;
 
-use super::super::hub::shown_within;
+use super::shown_within;
 
 /// Environment variables a stdio server gets from the agent; nothing else (the agent's own
 /// environment holds its secrets).
