@@ -126,7 +126,8 @@ if [ -n "${MXBRIDGE_E2E_BIN_DIR:-}" ]; then
     BIN_DIR="$MXBRIDGE_E2E_BIN_DIR"
 else
     say "cargo build --workspace --all-targets (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    (cd "$REPO" && cargo build -q --workspace --all-targets --locked) || die "cargo build failed"
+    (cd "$REPO" && cargo build -q --workspace --all-targets --locked --features surface/latency) \
+        || die "cargo build failed"
     BIN_DIR="$CARGO_TARGET_DIR/debug"
 fi
 if [ "$IMAGES" = dockerfile ]; then
@@ -155,18 +156,24 @@ fi
 rand() { python3 -c 'import secrets; print(secrets.token_hex(16))'; }
 SYNAPSE_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 E2E_PASSWORD="pw-$(rand)"
+# Secrets both ways compose takes them (docker/secrets/init.py): the agent token and the bot's
+# password as files in the secrets directory, the registration secret from the environment.
+SECRETS_DIR="$WORK/secrets"
+mkdir -p "$SECRETS_DIR"
+AGENT_TOKEN_VALUE="e2e-$(rand)" BOT_PASSWORD_VALUE="bot-$(rand)" REG_SECRET_VALUE="e2e-$(rand)"
+printf '%s\n' "$AGENT_TOKEN_VALUE" >"$SECRETS_DIR/AGENT_TOKEN"
+printf '%s' "$BOT_PASSWORD_VALUE" >"$SECRETS_DIR/MATRIX_BOT_PASSWORD"
 cat >"$ENV_FILE" <<EOF
 SYNAPSE_SERVER_NAME=localhost
 SYNAPSE_HOST_PORT=$SYNAPSE_PORT
-SYNAPSE_REGISTRATION_SHARED_SECRET=e2e-$(rand)
+SYNAPSE_REGISTRATION_SHARED_SECRET=$REG_SECRET_VALUE
+MXBRIDGE_SECRETS_DIR=$SECRETS_DIR
 SYNAPSE_LOCAL_IMAGE=$SYNAPSE_TAG
 AGENT_LOCAL_IMAGE=$AGENT_TAG
 SURFACE_LOCAL_IMAGE=$SURFACE_TAG
 MXBRIDGE_PREBUILT_CONTEXT=$CTX
-AGENT_TOKEN=e2e-$(rand)
 AGENT_BRAIN=builtin
 MATRIX_BOT_LOCALPART=bot
-MATRIX_BOT_PASSWORD=bot-$(rand)
 MATRIX_TEST_LOCALPART=alice
 MATRIX_TEST_PASSWORD=$E2E_PASSWORD
 AGENT_RUST_LOG=info
@@ -302,6 +309,28 @@ for s in agent surface; do
     [ -z "$setuid" ] || die "$s: setuid/setgid programs in the image: $setuid"
 done
 ok "agent and surface run read-only, without capabilities or privilege gain, and without setuid programs"
+
+# Secrets are files: no container but the one-shot `secrets` step has one in its configuration
+# (environment, command, labels), and the agent and surface read theirs through NAME_FILE.
+for s in synapse-init synapse matrix-register agent surface; do
+    cid="$(cid_of "$s")"
+    [ -n "$cid" ] || die "no container for $s"
+    conf="$(docker inspect "$cid")"
+    for v in "$AGENT_TOKEN_VALUE" "$BOT_PASSWORD_VALUE" "$REG_SECRET_VALUE"; do
+        case "$conf" in *"$v"*) die "docker inspect of $s shows a secret (${v:0:4}…)" ;; esac
+    done
+done
+for s in agent surface; do
+    # (the running program's environment, as the entrypoint made it; `exec` does not run it)
+    files="$(dc exec -T "$s" sh -c 'for p in /proc/[0-9]*; do [ "$(cat "$p/comm")" = "$0" ] && tr "\0" "\n" <"$p/environ"; done | grep -E "^[A-Z_]+_FILE=" | cut -d= -f1 | sort | tr "\n" " "' "$s" | tr -d '\r')"
+    case "$s:$files" in
+        "agent:AGENT_TOKEN_FILE " | "surface:AGENT_TOKEN_FILE MATRIX_PASSWORD_FILE ") ;;
+        *) die "$s reads its secrets from: '$files'" ;;
+    esac
+    dc exec -T "$s" sh -c 'cat /run/mxbridge/secrets/* >/dev/null && ! touch /run/mxbridge/secrets/x 2>/dev/null' \
+        || die "$s: its secrets volume is not readable, or is writable"
+done
+ok "no secret in docker inspect of any long-running service; agent and surface read theirs as files"
 
 # A file sent as m.file reaches the volume with the exact bytes, and the reply arrives.
 python3 -c 'import os,sys; open(sys.argv[1],"wb").write(b"docker e2e line one\nline two\n" + os.urandom(16).hex().encode() + b"\n")' "$WORK/report.txt"

@@ -100,15 +100,12 @@ if [ ! -f .env ]; then
     (
         umask 077
         sed -e "s/^COMPOSE_PROJECT_NAME=.*/COMPOSE_PROJECT_NAME=$name/" \
-            -e "s/^SYNAPSE_REGISTRATION_SHARED_SECRET=dev-only-.*/SYNAPSE_REGISTRATION_SHARED_SECRET=$(rand_hex)/" \
-            -e "s/^MATRIX_BOT_PASSWORD=dev-only-.*/MATRIX_BOT_PASSWORD=$(rand_hex)/" \
             -e "s/^MATRIX_TEST_PASSWORD=dev-only-.*/MATRIX_TEST_PASSWORD=$(rand_hex)/" \
-            -e "s/^AGENT_TOKEN=dev-only-.*/AGENT_TOKEN=$(rand_hex)/" \
             .env.example >.env.tmp
         grep -q '^COMPOSE_PROJECT_NAME=' .env.tmp || echo "COMPOSE_PROJECT_NAME=$name" >>.env.tmp
         mv .env.tmp .env
     )
-    say "created .env from .env.example (project $name, random secrets and passwords; edit it to change settings)"
+    say "created .env from .env.example (project $name, a random test password; the stack's secrets are generated on the first start, see secrets/README.md)"
 fi
 
 PROJECT="$(setting COMPOSE_PROJECT_NAME "")"

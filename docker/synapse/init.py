@@ -8,7 +8,7 @@ as JSON, which is valid YAML and needs no escaping rules of its own.
 
 Environment:
   SYNAPSE_SERVER_NAME                  default "localhost" (part of every user id: @bot:localhost)
-  SYNAPSE_REGISTRATION_SHARED_SECRET   required; used by the register step (admin API)
+  SYNAPSE_REGISTRATION_SHARED_SECRET   required (or _FILE); used by the register step (admin API)
   SYNAPSE_PUBLIC_BASEURL               default unset. When set, Synapse also announces it in every
                                        login response (well_known), and matrix-sdk clients that
                                        respect that switch to it: it must then be reachable from
@@ -29,6 +29,11 @@ DATA = os.environ.get("SYNAPSE_DATA_DIR", "/data")
 
 def env(name, default=None):
     value = os.environ.get(name, "").strip()
+    path = os.environ.get(name + "_FILE", "")
+    if not value and path:
+        # compose passes secrets as files (docker/secrets/init.py)
+        with open(path, encoding="utf-8") as f:
+            value = f.read().strip()
     if value:
         return value
     if default is None:

@@ -7,8 +7,8 @@ the password after the first start). Standard library only.
 
 Environment:
   SYNAPSE_URL                          default http://synapse:8008
-  SYNAPSE_REGISTRATION_SHARED_SECRET   required
-  MATRIX_BOT_LOCALPART / MATRIX_BOT_PASSWORD    the bot account (required password)
+  SYNAPSE_REGISTRATION_SHARED_SECRET   required (or NAME_FILE: a file holding it)
+  MATRIX_BOT_LOCALPART / MATRIX_BOT_PASSWORD    the bot account (required password, or _FILE)
   MATRIX_TEST_LOCALPART / MATRIX_TEST_PASSWORD  a person to log in with (skipped when the
                                                  password is empty)
 """
@@ -22,6 +22,16 @@ import urllib.error
 import urllib.request
 
 BASE = os.environ.get("SYNAPSE_URL", "http://synapse:8008").rstrip("/")
+
+
+def secret_env(name):
+    """NAME, else the contents of the file NAME_FILE (compose passes secrets as files)."""
+    value = os.environ.get(name, "")
+    path = os.environ.get(name + "_FILE", "")
+    if not value and path:
+        with open(path, encoding="utf-8") as f:
+            value = f.read().rstrip("\r\n")
+    return value
 
 
 def call(method, path, body=None, token=None):
@@ -82,11 +92,11 @@ def register(secret, localpart, password, admin=False):
 
 
 def main():
-    secret = os.environ.get("SYNAPSE_REGISTRATION_SHARED_SECRET", "")
+    secret = secret_env("SYNAPSE_REGISTRATION_SHARED_SECRET")
     if not secret:
         sys.exit("register: SYNAPSE_REGISTRATION_SHARED_SECRET must be set")
     bot = os.environ.get("MATRIX_BOT_LOCALPART", "bot")
-    bot_password = os.environ.get("MATRIX_BOT_PASSWORD", "")
+    bot_password = secret_env("MATRIX_BOT_PASSWORD")
     if not bot_password:
         sys.exit("register: MATRIX_BOT_PASSWORD must be set")
     register(secret, bot, bot_password)

@@ -56,9 +56,10 @@ pub enum WorkspacePathError {
     /// A backslash, which other systems treat as a separator.
     #[error("path contains a backslash")]
     Backslash,
-    /// NUL, another control character, or a text-direction mark (which makes `gnp.exe`
+    /// NUL, another control character, a line or paragraph separator (U+2028, U+2029: a line
+    /// break to anything that shows the path), or a text-direction mark (which makes `gnp.exe`
     /// display as `exe.png`).
-    #[error("path contains a NUL, control or text-direction character")]
+    #[error("path contains a NUL, control, line-separator or text-direction character")]
     ControlChar,
 }
 
@@ -127,7 +128,9 @@ fn validate(s: &str) -> Result<(), WorkspacePathError> {
     if s.contains('\\') {
         return Err(E::Backslash);
     }
-    if s.chars().any(|c| c.is_control() || is_direction_mark(c)) {
+    if s.chars()
+        .any(|c| c.is_control() || is_line_separator(c) || is_direction_mark(c))
+    {
         return Err(E::ControlChar);
     }
     let mut depth = 0;
@@ -208,6 +211,12 @@ impl schemars::JsonSchema for WorkspacePath {
     }
 }
 
+/// U+2028 and U+2029: not control characters by category, but a new line to JavaScript, to
+/// Element and to a model reading the path.
+fn is_line_separator(c: char) -> bool {
+    matches!(c, '\u{2028}' | '\u{2029}')
+}
+
 /// Marks that change how text around them is displayed (bidi embeddings, overrides, isolates).
 fn is_direction_mark(c: char) -> bool {
     matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
@@ -250,6 +259,9 @@ mod tests {
             ("a\u{7f}", Err(E::ControlChar)),
             ("chats/c/\u{202e}gnp.exe", Err(E::ControlChar)),
             ("a\u{2066}b", Err(E::ControlChar)),
+            ("notes\u{2028}attachment: x", Err(E::ControlChar)),
+            ("a\u{2029}b", Err(E::ControlChar)),
+            ("a\u{85}b", Err(E::ControlChar)),
             (&long_component, Err(E::ComponentTooLong)),
             (&long_path, Err(E::TooLong)),
             (&deep, Err(E::TooDeep)),
