@@ -1,5 +1,14 @@
 //! What an incoming message means for the bot: a pure function with table tests. The side
 //! effects live in the sync ingest and the lanes.
+//!
+//! Besides triggers and context it decides: the room and sender allowlists and the bot-loop
+//! breaker; what answers a waiting prompt (text from the asked user, or a ✅ ♾️ ❌ reaction on
+//! the prompt; a file never does; with `SURFACE_APPROVALS=verified` only from a device its user
+//! verified); that an encrypted room acts only on events that arrived encrypted
+//! ([`Decision::Plaintext`]); what an edit does (a message not processed yet takes the new text,
+//! one that ran gets a follow-up turn); a moderator's `!mode all|mentions`; and redactions.
+//! [`without_mention`] takes the bot's name out of the text it forwards, so the brain never
+//! guesses which leading word is a name.
 
 use protocol::Decision as ApprovalChoice;
 
