@@ -17,11 +17,3 @@ pub enum MediaError {
     #[error("malformed file: {0}")]
     Malformed(String),
 }
-
-impl MediaError {
-    /// True when the reader itself failed, rather than the file's content being bad: the caller
-    /// may want to log it differently, since the same file could work on another try.
-    pub fn is_io(&self) -> bool {
-        matches!(self, MediaError::Io(_))
-    }
-}

@@ -8,31 +8,6 @@ use crate::workspace::{PARTIAL_PREFIX, Workspace};
 /// progress keeps writing, so its mtime stays fresh).
 const STALE_PARTIAL: Duration = Duration::from_secs(24 * 3600);
 
-/// A retention setting that is neither `forever` nor a duration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("retention must be `forever` or a duration like `30d` or `12h`: {0}")]
-pub struct RetentionError(String);
-
-/// Parses `SURFACE_INBOX_RETENTION`: `forever` (also `never`, `off`, empty) keeps files forever
-/// (`None`); otherwise a humantime duration (`30d`, `12h`, `1w 2d`) greater than zero.
-pub fn parse_retention(s: &str) -> Result<Option<Duration>, RetentionError> {
-    let s = s.trim();
-    if s.is_empty()
-        || ["forever", "never", "off"]
-            .iter()
-            .any(|k| s.eq_ignore_ascii_case(k))
-    {
-        return Ok(None);
-    }
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(Some(d)),
-        Ok(_) => Err(RetentionError(
-            "zero would delete every file at once".into(),
-        )),
-        Err(e) => Err(RetentionError(e.to_string())),
-    }
-}
-
 /// What a sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SweepReport {
@@ -105,29 +80,6 @@ mod tests {
     use std::fs::FileTimes;
 
     use super::*;
-
-    #[test]
-    fn parses_settings() {
-        let day = 24 * 3600;
-        let cases: &[(&str, Result<Option<Duration>, ()>)] = &[
-            ("forever", Ok(None)),
-            ("FOREVER", Ok(None)),
-            ("", Ok(None)),
-            ("30d", Ok(Some(Duration::from_secs(30 * day)))),
-            ("12h", Ok(Some(Duration::from_secs(12 * 3600)))),
-            ("1w 2d", Ok(Some(Duration::from_secs(9 * day)))),
-            ("0s", Err(())),
-            ("soon", Err(())),
-            ("-1d", Err(())),
-        ];
-        for (input, expected) in cases {
-            assert_eq!(
-                parse_retention(input).map_err(|_| ()),
-                *expected,
-                "{input:?}"
-            );
-        }
-    }
 
     fn age(path: &std::path::Path, by: Duration) {
         let f = std::fs::File::options().write(true).open(path).unwrap();

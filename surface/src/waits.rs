@@ -73,15 +73,6 @@ impl Waits {
             .map(Wait::waiting)
     }
 
-    /// The wait whose prompt is event `prompt_event`, as [`Waits::lookup`] reports it.
-    pub fn by_prompt(&self, prompt_event: &str) -> Option<Waiting> {
-        self.lock()
-            .waits
-            .iter()
-            .find(|w| w.prompt_event.as_deref() == Some(prompt_event))
-            .map(Wait::waiting)
-    }
-
     /// The wait whose prompt is event `prompt_event`, if it asks `user_id` (a reaction from
     /// anyone else decides nothing).
     pub fn by_prompt_from(&self, prompt_event: &str, user_id: &str) -> Option<Waiting> {
@@ -216,10 +207,10 @@ mod tests {
                 question_id: "q1".into()
             })
         );
-        assert_eq!(waits.by_prompt("$prompt"), None);
+        assert_eq!(waits.by_prompt_from("$prompt", "@alice:hs"), None);
         waits.set_prompt_event("q1", "$prompt");
         assert_eq!(
-            waits.by_prompt("$prompt"),
+            waits.by_prompt_from("$prompt", "@alice:hs"),
             Some(Waiting::Question {
                 question_id: "q1".into()
             }),

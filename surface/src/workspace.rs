@@ -183,11 +183,6 @@ impl OpenedFile {
             m.ctime_nsec()
         ))
     }
-
-    /// The async handle, positioned wherever the last reader left it.
-    pub fn into_tokio(self) -> tokio::fs::File {
-        tokio::fs::File::from_std(self.file)
-    }
 }
 
 /// A download in progress: a hidden temporary file in an inbox.

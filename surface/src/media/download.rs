@@ -107,11 +107,6 @@ impl DownloadError {
         self.failure.is_retryable()
     }
 
-    /// Whether retrying can never help (too large, gone, unsupported).
-    pub fn is_permanent(&self) -> bool {
-        !self.is_retryable() && !matches!(self.failure, DownloadFailure::Disk(_))
-    }
-
     /// A sentence for the room, naming the file, without internal details.
     pub fn user_message(&self) -> String {
         let why = match &self.failure {
@@ -508,7 +503,7 @@ mod tests {
             e.user_message(),
             "I could not download `report.pdf`: it is larger than the 100 MiB limit."
         );
-        assert!(e.is_permanent());
+        assert!(!e.is_retryable());
     }
 
     fn encrypt(plain: &[u8], media_id: &str) -> (Vec<u8>, EncryptedFile) {
