@@ -27,6 +27,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
 use protocol::{ChatId, ContextMessage};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -36,6 +37,16 @@ pub use redactions::Redacted;
 pub use sends::SendState;
 pub use stored::Stored;
 pub use undecrypted::Undecrypted;
+
+impl NewEvent {
+    /// The conversation it belongs to (its room, or its thread), whether it was kept or not.
+    pub fn conversation(&self) -> ChatId {
+        ChatId::for_conversation(
+            self.room_id.as_str(),
+            self.thread_root.as_ref().map(|t| t.as_str()),
+        )
+    }
+}
 
 /// What [`crate::decide`] concluded for an event when it was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,15 +97,15 @@ impl Disposition {
 #[derive(Debug, Clone)]
 pub struct NewEvent {
     /// Matrix event id.
-    pub event_id: String,
+    pub event_id: OwnedEventId,
     /// Room it belongs to.
-    pub room_id: String,
+    pub room_id: OwnedRoomId,
     /// Conversation it belongs to (`None` for skipped events).
     pub chat_id: Option<ChatId>,
     /// Thread root when the chat is a thread.
-    pub thread_root: Option<String>,
+    pub thread_root: Option<OwnedEventId>,
     /// Sender user id.
-    pub sender: String,
+    pub sender: OwnedUserId,
     /// Sender display name at recording time.
     pub sender_name: Option<String>,
     /// `origin_server_ts`, ms.
@@ -133,9 +144,9 @@ pub struct ChatRef {
     /// The chat.
     pub chat_id: ChatId,
     /// Its room.
-    pub room_id: String,
+    pub room_id: OwnedRoomId,
     /// Its thread root.
-    pub thread_root: Option<String>,
+    pub thread_root: Option<OwnedEventId>,
 }
 
 /// A journal error (sqlite or a corrupt stored value).
@@ -258,6 +269,37 @@ fn migrate(conn: &Connection) -> Result<()> {
     ))?;
     Ok(())
 }
+
+/// A Matrix id column (or an optional one): a value that does not parse is an error of the row.
+fn matrix_id<T: MatrixIdColumn>(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<T> {
+    T::parse(r.get(i)?)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e))
+}
+
+/// What [`matrix_id`] reads: an owned Matrix id, or an optional one.
+trait MatrixIdColumn: Sized {
+    type Raw: rusqlite::types::FromSql;
+    fn parse(raw: Self::Raw)
+    -> std::result::Result<Self, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+macro_rules! id_column {
+    ($($t:ty),*) => {$(
+        impl MatrixIdColumn for $t {
+            type Raw = String;
+            fn parse(raw: String) -> std::result::Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+                Ok(<$t>::try_from(raw)?)
+            }
+        }
+        impl MatrixIdColumn for Option<$t> {
+            type Raw = Option<String>;
+            fn parse(raw: Option<String>) -> std::result::Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+                Ok(raw.map(<$t>::try_from).transpose()?)
+            }
+        }
+    )*};
+}
+id_column!(OwnedEventId, OwnedRoomId, OwnedUserId);
 
 fn chat_id_col(s: Option<String>) -> Option<ChatId> {
     s.and_then(|s| ChatId::new(s).ok())
@@ -404,11 +446,11 @@ impl Journal {
                 for e in *events {
                     let content = e.content.as_ref().map(Stored::to_json).transpose()?;
                     let n = stmt.execute(params![
-                        e.event_id,
-                        e.room_id,
+                        e.event_id.as_str(),
+                        e.room_id.as_str(),
                         e.chat_id.as_ref().map(ChatId::as_str),
-                        e.thread_root,
-                        e.sender,
+                        e.thread_root.as_ref().map(|t| t.as_str()),
+                        e.sender.as_str(),
                         e.sender_name,
                         e.origin_ts as i64,
                         content,
@@ -418,7 +460,11 @@ impl Journal {
                         now,
                     ])?;
                     if let Some(chat) = &e.chat_id {
-                        chat_stmt.execute(params![chat.as_str(), e.room_id, e.thread_root])?;
+                        chat_stmt.execute(params![
+                            chat.as_str(),
+                            e.room_id.as_str(),
+                            e.thread_root.as_ref().map(|t| t.as_str())
+                        ])?;
                     }
                     inserted.push(n == 1);
                 }
@@ -433,11 +479,11 @@ impl Journal {
         Ok(JournaledEvent {
             ord: r.get(0)?,
             event: NewEvent {
-                event_id: r.get(1)?,
-                room_id: r.get(2)?,
+                event_id: matrix_id(r, 1)?,
+                room_id: matrix_id(r, 2)?,
                 chat_id: chat_id_col(r.get(3)?),
-                thread_root: r.get(4)?,
-                sender: r.get(5)?,
+                thread_root: matrix_id(r, 4)?,
+                sender: matrix_id(r, 5)?,
                 sender_name: r.get(6)?,
                 origin_ts: r.get::<_, i64>(7)? as u64,
                 content: Stored::load(r.get::<_, Option<String>>(10)?.as_deref(), r.get(8)?),
@@ -517,7 +563,7 @@ impl Journal {
                UNION SELECT chat_id FROM turns WHERE ended = 0)",
         )?;
         let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?))
+            Ok((r.get::<_, String>(0)?, matrix_id(r, 1)?, matrix_id(r, 2)?))
         })?;
         let mut out = Vec::new();
         for row in rows {
@@ -581,11 +627,11 @@ mod tests {
     /// A journal row for tests (also of the child modules): from `@alice:hs`, saying "hi".
     pub(super) fn ev(id: &str, chat: &ChatId, d: Disposition) -> NewEvent {
         NewEvent {
-            event_id: id.into(),
-            room_id: "!r:hs".into(),
+            event_id: id.try_into().unwrap(),
+            room_id: "!r:hs".try_into().unwrap(),
             chat_id: (d != Disposition::Skip).then(|| chat.clone()),
             thread_root: None,
-            sender: "@alice:hs".into(),
+            sender: "@alice:hs".try_into().unwrap(),
             sender_name: Some("Alice".into()),
             origin_ts: 1000,
             content: Some(Stored::Message(MessageType::text_plain("hi"))),
@@ -712,7 +758,7 @@ mod tests {
         let in_room = |id: &str, room: &str| {
             let chat = ChatId::for_conversation(room, None);
             NewEvent {
-                room_id: room.into(),
+                room_id: room.try_into().unwrap(),
                 ..ev(id, &chat, Disposition::Trigger)
             }
         };
@@ -740,7 +786,7 @@ mod tests {
             )
             .unwrap();
         let refused = NewEvent {
-            event_id: "$bad".into(),
+            event_id: "$bad".try_into().unwrap(),
             ..in_room("$x", "!c:hs")
         };
         assert!(
@@ -817,7 +863,7 @@ mod tests {
             j.chats_with_work().unwrap(),
             vec![ChatRef {
                 chat_id: chat.clone(),
-                room_id: "!r:hs".into(),
+                room_id: "!r:hs".try_into().unwrap(),
                 thread_root: None
             }]
         );

@@ -66,7 +66,7 @@ fn maybe_notice_backlog(ctx: &Ctx, chat: &ChatRef, handle: &LaneHandle) {
         // One notice per backlog, also across a crash: the backlog is named by its oldest
         // waiting event, which a restarted surface finds the same.
         let oldest = match ctx2.journal.next_pending(&chat.chat_id) {
-            Ok(Some(ev)) => ev.event.event_id,
+            Ok(Some(ev)) => ev.event.event_id.to_string(),
             _ => format!("{}:{}", chat.chat_id, ctx2.started_ms),
         };
         let txn = render::notice_txn_id(&oldest, Purpose::Backlog);
@@ -83,9 +83,8 @@ fn maybe_notice_backlog(ctx: &Ctx, chat: &ChatRef, handle: &LaneHandle) {
     });
 }
 
-fn room_of(ctx: &Ctx, room_id: &str) -> Option<Room> {
-    let id = RoomId::parse(room_id).ok()?;
-    ctx.client.get_room(&id)
+fn room_of(ctx: &Ctx, room_id: &RoomId) -> Option<Room> {
+    ctx.client.get_room(room_id)
 }
 
 /// A chat's worker and what it holds.
@@ -186,30 +185,30 @@ impl Lane {
         // Create the sender's outbox for this room early, so it is being watched before anyone
         // drops a file there (a folder created together with its first file can race the
         // watcher).
-        let outbox = Workspace::outbox_dir(&ev.sender, &ev.room_id);
+        let outbox = Workspace::outbox_dir(ev.sender.as_str(), ev.room_id.as_str());
         if let Err(e) = self.ctx.workspace.create_dir_all(&outbox) {
             warn!(error = %e, "could not create the outbox folder");
         }
         // A message that starts a turn: the user waits from now, while its file downloads too
         // (minutes, for a large one from a slow server), so progress shows from now. Dropped
         // unused when no turn comes of it, which takes a typing notice down.
-        let progress = match (&ev.disposition, EventId::parse(&ev.event_id)) {
-            (Disposition::Trigger, Ok(id)) => Some(self.start_progress(id)),
+        let progress = match ev.disposition {
+            Disposition::Trigger => Some(self.start_progress(ev.event_id.clone())),
             _ => None,
         };
         let prepared = self.prepare(&ev).await;
         let sender = Sender {
-            user_id: ev.sender.clone(),
+            user_id: ev.sender.to_string(),
             display_name: ev.sender_name.clone(),
         };
         let journal = &self.ctx.journal;
         let nothing_left = prepared.text.trim().is_empty() && prepared.attachments.is_empty();
         let result = match ev.disposition {
-            Disposition::Context if nothing_left => journal.mark_handled(&ev.event_id),
+            Disposition::Context if nothing_left => journal.mark_handled(ev.event_id.as_str()),
             Disposition::Context => journal.set_context_ready(
-                &ev.event_id,
+                ev.event_id.as_str(),
                 &ContextMessage {
-                    id: ev.event_id.clone(),
+                    id: ev.event_id.to_string(),
                     sender,
                     text: prepared.text,
                     attachments: prepared.attachments,
@@ -218,10 +217,10 @@ impl Lane {
             ),
             Disposition::Trigger if nothing_left && prepared.failed => {
                 // The user was told; there is nothing to forward.
-                journal.mark_handled(&ev.event_id)
+                journal.mark_handled(ev.event_id.as_str())
             }
             Disposition::Trigger => self.start_turn(&ev, ord, sender, prepared, progress).await,
-            Disposition::Skip | Disposition::Answered => journal.mark_handled(&ev.event_id),
+            Disposition::Skip | Disposition::Answered => journal.mark_handled(ev.event_id.as_str()),
             // Never handed to `process` (the lane stops before it); left as it is.
             Disposition::Waiting => Ok(()),
         };
@@ -256,7 +255,7 @@ impl Lane {
         {
             info!(caption_event_id = %caption_id, "file and caption become one turn");
             prepared.text = caption;
-            context_ids.push(caption_id);
+            context_ids.push(caption_id.to_string());
         }
         let bot_name = self.ctx.bot_display_name();
         let text = crate::decide::without_mention(
@@ -266,9 +265,9 @@ impl Lane {
         );
         let msg = UserMessage {
             seq: 0,
-            id: ev.event_id.clone(),
-            room_id: ev.room_id.clone(),
-            thread_root: ev.thread_root.clone(),
+            id: ev.event_id.to_string(),
+            room_id: ev.room_id.to_string(),
+            thread_root: ev.thread_root.as_ref().map(ToString::to_string),
             sender,
             text: if text.trim().is_empty() {
                 ATTACHMENTS_ONLY_TEXT.to_owned()

@@ -11,9 +11,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use matrix_sdk::Room;
+use matrix_sdk::ruma::OwnedEventId;
 use matrix_sdk::ruma::events::room::encrypted::OriginalSyncRoomEncryptedEvent;
 use matrix_sdk::ruma::serde::Raw;
-use matrix_sdk::ruma::{EventId, OwnedEventId, RoomId};
 use tracing::{debug, error, info, warn};
 
 use crate::context::Ctx;
@@ -84,10 +84,7 @@ async fn sweep(ctx: &Ctx, giving_up: &GivingUp) {
     let mut pokes = Pokes::new();
     for u in waiting {
         let ev = &u.journaled.event;
-        let Ok(room_id) = RoomId::parse(&ev.room_id) else {
-            continue;
-        };
-        let Some(room) = ctx.client.get_room(&room_id) else {
+        let Some(room) = ctx.client.get_room(&ev.room_id) else {
             continue;
         };
         match decrypt(&room, ev).await {
@@ -100,7 +97,7 @@ async fn sweep(ctx: &Ctx, giving_up: &GivingUp) {
                     Verdict::GiveUp => give_up(ctx, &room, ev, giving_up),
                     Verdict::Forget => {
                         warn!(room_id = %ev.room_id, event_id = %ev.event_id, "room key never arrived; message dropped after a day");
-                        if let Err(e) = ctx.journal.mark_handled(&ev.event_id) {
+                        if let Err(e) = ctx.journal.mark_handled(ev.event_id.as_str()) {
                             error!(error = %e, "journal write failed");
                         }
                     }
@@ -156,7 +153,7 @@ async fn resolve(ctx: &Ctx, room: &Room, u: &Undecrypted, clear: &Inbound, pokes
 }
 
 /// Events whose give-up (the notice, then letting the lane go on) is under way.
-type GivingUp = Arc<Mutex<HashSet<String>>>;
+type GivingUp = Arc<Mutex<HashSet<OwnedEventId>>>;
 
 /// The wait is over: the room hears about the message it cannot read, then its lane goes on
 /// (so the notice comes before the answers to later messages; a homeserver in trouble holds
@@ -181,24 +178,24 @@ fn give_up(ctx: &Ctx, room: &Room, ev: &NewEvent, giving_up: &GivingUp) {
         waited_s = ctx.config.key_wait.as_secs(),
         "room key did not arrive in time; telling the room and answering later messages"
     );
-    let text = notice_text(ev.sender_name.as_deref(), &ev.sender, ev.origin_ts);
+    let text = notice_text(ev.sender_name.as_deref(), ev.sender.as_str(), ev.origin_ts);
     let (ctx, room, ev, giving_up) = (ctx.clone(), room.clone(), ev.clone(), giving_up.clone());
     ctx.tracker.clone().spawn(async move {
-        let thread_root = ev
-            .thread_root
-            .as_deref()
-            .and_then(|r| EventId::parse(r).ok());
-        if let Ok(event_id) = EventId::parse(&ev.event_id) {
-            let posted = tokio::time::timeout(
-                NOTICE_WAIT,
-                post_notice(&ctx, &room, event_id, thread_root, &text),
-            )
-            .await;
-            if posted.is_err() {
-                warn!(event_id = %ev.event_id, "the undecryptable-message notice is slow; the chat goes on");
-            }
+        let posted = tokio::time::timeout(
+            NOTICE_WAIT,
+            post_notice(
+                &ctx,
+                &room,
+                ev.event_id.clone(),
+                ev.thread_root.clone(),
+                &text,
+            ),
+        )
+        .await;
+        if posted.is_err() {
+            warn!(event_id = %ev.event_id, "the undecryptable-message notice is slow; the chat goes on");
         }
-        match ctx.journal.mark_late(&ev.event_id) {
+        match ctx.journal.mark_late(ev.event_id.as_str()) {
             Ok(_) => {
                 let mut pokes = Pokes::new();
                 if let Some(chat) = &ev.chat_id {

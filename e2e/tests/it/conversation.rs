@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use e2e::{E2eeUser, Homeserver, Received, Stack, StackOptions};
 use matrix_sdk::ruma::api::client::relations::get_relating_events_with_rel_type;
+use matrix_sdk::ruma::events::poll::unstable_start::{
+    NewUnstablePollStartEventContent, UnstablePollAnswer, UnstablePollAnswers,
+    UnstablePollStartContentBlock, UnstablePollStartEventContent,
+};
 use matrix_sdk::ruma::events::reaction::ReactionEventContent;
 use matrix_sdk::ruma::events::relation::{Annotation, RelationType};
 use matrix_sdk::ruma::events::room::ImageInfo;
@@ -334,6 +338,32 @@ async fn edits_and_stickers() {
         .filter(|m| m.body.contains("cannot read a sticker"))
         .count();
     assert_eq!((told, n), (1, 1), "one notice for two stickers");
+
+    // A poll (as Element sends it, MSC3381) is an `Inbound` kind of its own: the same kind of
+    // notice, through the same typed path.
+    let answers = vec![
+        UnstablePollAnswer::new("yes", "Yes"),
+        UnstablePollAnswer::new("no", "No"),
+    ];
+    let poll = UnstablePollStartContentBlock::new(
+        "Lunch?",
+        UnstablePollAnswers::try_from(answers).unwrap(),
+    );
+    dm.room()
+        .send(UnstablePollStartEventContent::from(
+            NewUnstablePollStartEventContent::plain_text("Lunch?", poll),
+        ))
+        .await
+        .expect("poll");
+    dm.user
+        .wait_for(TURN, "the poll notice", || async {
+            let all = dm.user.messages_from(&dm.room, &bot).await.ok()?;
+            all.iter()
+                .any(|m| m.body.contains("cannot read a poll"))
+                .then_some(())
+        })
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

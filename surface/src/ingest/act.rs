@@ -2,7 +2,6 @@
 //! approval, a redaction removes files, `!mode` changes the room, the bot-loop breaker counts,
 //! and a message wakes its lane.
 
-use protocol::ChatId;
 use tracing::{debug, error, info, warn};
 
 use super::{Pokes, notices};
@@ -47,10 +46,10 @@ pub(super) fn is_bot(ctx: &Ctx, user_id: &str) -> bool {
 
 /// Counts turns bots trigger in a row per chat; tells the room once when the breaker trips.
 fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
-    let chat = ChatId::for_conversation(&ev.room_id, ev.thread_root.as_deref());
+    let chat = ev.conversation();
     let max = ctx.config.max_bot_turns;
     match decision {
-        Decision::Trigger if is_bot(ctx, &ev.sender) => {
+        Decision::Trigger if is_bot(ctx, ev.sender.as_str()) => {
             ctx.bot_loops
                 .set_streak(&chat, ctx.bot_loops.streak(&chat) + 1);
         }
@@ -62,7 +61,7 @@ fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
             let text = format!(
                 "🤖 {} is a bot and has had {max} answers in a row here; I stop answering it in \
                  this conversation until a person writes.",
-                render::pill(&ev.sender)
+                render::pill(ev.sender.as_str())
             );
             notices::notify(ctx, ev, text, Purpose::BotLoop);
         }
@@ -75,9 +74,9 @@ fn bot_loop_step(ctx: &Ctx, ev: &NewEvent, decision: &Decision) {
 pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mut Pokes) {
     bot_loop_step(ctx, ev, &decision);
     match decision {
-        Decision::Ignore(IgnoreReason::Notice) => ctx.bot_loops.saw_notice(&ev.sender),
+        Decision::Ignore(IgnoreReason::Notice) => ctx.bot_loops.saw_notice(ev.sender.as_str()),
         Decision::Ignore(reason) => {
-            if ev.sender != ctx.config.user_id.as_str() {
+            if ev.sender != ctx.config.user_id {
                 debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
             }
         }
@@ -104,13 +103,13 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
         }
         Decision::Answer(question_id) => {
             let text = decide::strip_reply_fallback(e.body());
-            let delivered = ctx.waits.answer(&question_id, text, &ev.sender);
+            let delivered = ctx.waits.answer(&question_id, text, ev.sender.as_str());
             info!(event_id = %ev.event_id, question_id = %question_id, delivered, "answer received");
         }
         Decision::Approval { request_id, choice } => {
-            let decided = ctx.waits.decide(&request_id, choice, &ev.sender);
+            let decided = ctx.waits.decide(&request_id, choice, ev.sender.as_str());
             if let Some(w) = &decided {
-                prompts::show_outcome(ctx, w, choice, &ev.sender);
+                prompts::show_outcome(ctx, w, choice, ev.sender.as_str());
             }
             let delivered = decided.is_some();
             info!(event_id = %ev.event_id, request_id = %request_id, ?choice, delivered, "approval answered");
@@ -155,7 +154,7 @@ fn replace_queued(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
 /// Content the bot cannot read yet, sent to it: the room is told once.
 fn unsupported(ctx: &Ctx, ev: &NewEvent, kind: &'static str) {
     info!(event_id = %ev.event_id, kind, "content the bot cannot read");
-    if ctx.bot_loops.first_notice(&ev.room_id, kind) {
+    if ctx.bot_loops.first_notice(ev.room_id.as_str(), kind) {
         let text =
             format!("I cannot read a {kind} yet. Send a picture or a file, or say it in words.");
         notices::notify(ctx, ev, text, Purpose::Unsupported);
@@ -170,7 +169,7 @@ fn plaintext(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
         sender = %ev.sender,
         "unencrypted event in an encrypted room: not acted on"
     );
-    if ctx.bot_loops.first_notice(&ev.room_id, "plaintext") {
+    if ctx.bot_loops.first_notice(ev.room_id.as_str(), "plaintext") {
         let text = "⚠️ This room is encrypted, and I act only on what arrives \
                     encrypted in it. Reactions never are (Matrix clients send them in \
                     clear), so to answer a prompt, reply yes, always or no; an \

@@ -2,8 +2,8 @@
 //! event, the room and the journal), the decision, and the journal row that records both.
 
 use matrix_sdk::Room;
-use matrix_sdk::ruma::EventId;
 use matrix_sdk::ruma::events::room::message::MessageType;
+use matrix_sdk::ruma::{EventId, OwnedEventId};
 use protocol::ChatId;
 
 use super::RoomFacts;
@@ -37,7 +37,7 @@ pub async fn classify(
         _ => None,
     };
     let thread_root = conversation_root(e, edit.as_ref(), redacted.as_ref());
-    let chat = ChatId::for_conversation(room_id, thread_root.as_deref());
+    let chat = ChatId::for_conversation(room_id, thread_root.as_ref().map(|t| t.as_str()));
     let decision = decide::decide(&facts_for(ctx, facts, room_id, e, &chat, edit.as_ref()));
     let disposition = disposition_of(&decision, redacted.as_ref());
     let keep = disposition != Disposition::Skip;
@@ -50,12 +50,12 @@ pub async fn classify(
         _ => stored_for(e, &decision, disposition, edit.as_ref(), redacted.as_ref()),
     };
     let row = NewEvent {
-        event_id: e.event_id.to_string(),
-        room_id: room_id.to_owned(),
+        event_id: e.event_id.clone(),
+        room_id: room.room_id().to_owned(),
         chat_id: keep.then_some(chat),
         // Kept for skipped events too: a notice about one goes to its thread.
         thread_root,
-        sender: e.sender.to_string(),
+        sender: e.sender.clone(),
         sender_name,
         origin_ts: e.origin_ts,
         content,
@@ -70,7 +70,7 @@ fn conversation_root(
     e: &Inbound,
     edit: Option<&EditOf<'_>>,
     redacted: Option<&Redacted>,
-) -> Option<String> {
+) -> Option<OwnedEventId> {
     if let Some(r) = redacted {
         return r.thread_root.clone();
     }
@@ -79,8 +79,8 @@ fn conversation_root(
             target,
             standing: EditTarget::Ran(_),
             ..
-        }) => Some(target.to_string()),
-        _ => e.place.thread_root.as_ref().map(ToString::to_string),
+        }) => Some((*target).to_owned()),
+        _ => e.place.thread_root.clone(),
     }
 }
 

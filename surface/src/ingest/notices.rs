@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use matrix_sdk::Room;
-use matrix_sdk::ruma::OwnedEventId;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use tracing::{error, info, warn};
 
@@ -18,21 +17,12 @@ use crate::send::{self, Outgoing};
 
 /// Posts notice `text` in reply to `ev` (its thread), in the background.
 pub(super) fn notify(ctx: &Ctx, ev: &NewEvent, text: String, kind: Purpose) {
-    let (Ok(event_id), Ok(room_id)) = (
-        OwnedEventId::try_from(ev.event_id.as_str()),
-        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
-    ) else {
-        return;
-    };
-    let Some(room) = ctx.client.get_room(&room_id) else {
+    let Some(room) = ctx.client.get_room(&ev.room_id) else {
         return;
     };
     let target = ReplyTarget {
-        event_id,
-        thread_root: ev
-            .thread_root
-            .as_deref()
-            .and_then(|t| OwnedEventId::try_from(t).ok()),
+        event_id: ev.event_id.clone(),
+        thread_root: ev.thread_root.clone(),
     };
     let ctx2 = ctx.clone();
     ctx.tracker.spawn(async move {
@@ -55,15 +45,10 @@ pub(super) fn notify_about(ctx: &Ctx, ev: &NewEvent, e: &Inbound, text: String, 
     if !e.place.other_relation {
         return notify(ctx, ev, text, kind);
     }
-    let (Ok(room_id), Ok(about)) = (
-        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
-        OwnedEventId::try_from(ev.event_id.as_str()),
-    ) else {
+    let Some(room) = ctx.client.get_room(&ev.room_id) else {
         return;
     };
-    let Some(room) = ctx.client.get_room(&room_id) else {
-        return;
-    };
+    let about = ev.event_id.clone();
     let ctx2 = ctx.clone();
     ctx.tracker.spawn(async move {
         let txn = render::notice_txn_id(about.as_str(), kind);
@@ -86,15 +71,10 @@ const MODE_POWER_LEVEL: i64 = 50;
 /// `!mode`: a room moderator switches the bot between answering mentions and every message;
 /// anyone else is told who may. In the background (the power level is looked up).
 pub(super) fn set_mode(ctx: &Ctx, ev: &NewEvent, every_message: bool) {
-    let (Ok(room_id), Ok(user)) = (
-        matrix_sdk::ruma::OwnedRoomId::try_from(ev.room_id.as_str()),
-        matrix_sdk::ruma::OwnedUserId::try_from(ev.sender.as_str()),
-    ) else {
+    let Some(room) = ctx.client.get_room(&ev.room_id) else {
         return;
     };
-    let Some(room) = ctx.client.get_room(&room_id) else {
-        return;
-    };
+    let user = ev.sender.clone();
     let (ctx2, ev2) = (ctx.clone(), ev.clone());
     ctx.tracker.spawn(async move {
         let level = match room.get_member_no_sync(&user).await {
@@ -109,7 +89,7 @@ pub(super) fn set_mode(ctx: &Ctx, ev: &NewEvent, every_message: bool) {
             info!(room_id = %ev2.room_id, sender = %ev2.sender, level, "!mode refused");
             "Only the room's moderators can change when I answer here.".to_owned()
         } else {
-            match ctx2.journal.set_every_message(&ev2.room_id, every_message) {
+            match ctx2.journal.set_every_message(ev2.room_id.as_str(), every_message) {
                 Ok(()) => {
                     info!(room_id = %ev2.room_id, sender = %ev2.sender, every_message, "room mode set");
                     if every_message {

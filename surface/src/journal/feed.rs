@@ -154,11 +154,11 @@ mod tests {
 
     fn ev(id: &str, sender: &str, disposition: Disposition) -> NewEvent {
         NewEvent {
-            event_id: id.into(),
-            room_id: "!r:hs".into(),
+            event_id: id.try_into().unwrap(),
+            room_id: "!r:hs".try_into().unwrap(),
             chat_id: protocol::ChatId::new("c1").ok(),
             thread_root: None,
-            sender: sender.into(),
+            sender: sender.try_into().unwrap(),
             sender_name: None,
             origin_ts: 1,
             content: (disposition != Disposition::Skip)

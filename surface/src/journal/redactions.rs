@@ -1,10 +1,11 @@
 //! What a redaction finds in the journal: the files the redacted message brought (to remove
 //! from the inbox) and its chat (to tell the agent); a message not processed yet is dropped.
 
+use matrix_sdk::ruma::OwnedEventId;
 use protocol::{ChatId, ContextMessage, UserMessage, WorkspacePath};
 use rusqlite::{OptionalExtension, params};
 
-use super::{Journal, Result, chat_id_col};
+use super::{Journal, Result, chat_id_col, matrix_id};
 
 /// A redacted message, as the journal knew it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,7 +13,7 @@ pub struct Redacted {
     /// Its chat.
     pub chat_id: ChatId,
     /// Its thread root.
-    pub thread_root: Option<String>,
+    pub thread_root: Option<OwnedEventId>,
     /// Files it brought into the inbox.
     pub attachments: Vec<WorkspacePath>,
 }
@@ -23,12 +24,12 @@ impl Journal {
     /// chat.
     pub fn redaction_target(&self, event_id: &str) -> Result<Option<Redacted>> {
         let conn = self.conn();
-        type Row = (Option<String>, Option<String>, Option<String>);
+        type Row = (Option<String>, Option<OwnedEventId>, Option<String>);
         let row: Option<Row> = conn
             .query_row(
                 "SELECT chat_id, thread_root, context_json FROM events WHERE event_id = ?1",
                 params![event_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, matrix_id(r, 1)?, r.get(2)?)),
             )
             .optional()?;
         let Some((Some(chat), thread_root, context_json)) = row else {

@@ -48,9 +48,9 @@ impl Journal {
              kind = ?8, disposition = ?6, state = ?7 \
              WHERE event_id = ?1 AND state IN ('waiting', 'late')",
             params![
-                ev.event_id,
+                ev.event_id.as_str(),
                 ev.chat_id.as_ref().map(ChatId::as_str),
-                ev.thread_root,
+                ev.thread_root.as_ref().map(|t| t.as_str()),
                 ev.sender_name,
                 content,
                 ev.disposition.as_str(),
@@ -61,7 +61,11 @@ impl Journal {
         if let Some(chat) = &ev.chat_id {
             tx.execute(
                 "INSERT OR IGNORE INTO chats(chat_id, room_id, thread_root) VALUES(?1, ?2, ?3)",
-                params![chat.as_str(), ev.room_id, ev.thread_root],
+                params![
+                    chat.as_str(),
+                    ev.room_id.as_str(),
+                    ev.thread_root.as_ref().map(|t| t.as_str())
+                ],
             )?;
         }
         tx.commit()?;

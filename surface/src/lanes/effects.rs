@@ -394,7 +394,7 @@ impl Lane {
     #[instrument(skip_all, fields(request_id = %f.request_id, path = %f.path))]
     async fn send_file(&self, turn: &mut Turn, f: SendFile) {
         let ctx = &self.ctx;
-        let scope = ChatScope::new(self.chat.chat_id.clone(), self.chat.room_id.clone());
+        let scope = ChatScope::new(self.chat.chat_id.clone(), self.chat.room_id.as_str());
         let posting = media::Posting {
             caption: f.caption.as_deref(),
             voice: f.voice,
@@ -463,7 +463,7 @@ impl Lane {
             return;
         }
         waits.add(Wait {
-            room_id: self.chat.room_id.clone(),
+            room_id: self.chat.room_id.to_string(),
             user_id: turn.user.clone(),
             turn: turn.turn.clone(),
             id: r.request_id.clone(),
@@ -490,7 +490,7 @@ impl Lane {
     #[instrument(skip_all, fields(question_id = %q.question_id))]
     async fn ask(&self, turn: &mut Turn, q: AskUser) {
         self.ctx.waits.add(Wait {
-            room_id: self.chat.room_id.clone(),
+            room_id: self.chat.room_id.to_string(),
             user_id: turn.user.clone(),
             turn: turn.turn.clone(),
             id: q.question_id.clone(),

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use matrix_sdk::ruma::OwnedEventId;
 use matrix_sdk::ruma::events::room::MediaSource;
 use matrix_sdk::ruma::events::room::message::MessageType;
-use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
 use protocol::{AttachmentInfo, WorkspacePath};
 use tracing::{error, info, warn};
 
@@ -16,7 +16,7 @@ use crate::filename::pick_name;
 use crate::journal::{NewEvent, Stored};
 use crate::media::{self, DownloadRequest, MediaFields};
 use crate::purpose::Purpose;
-use crate::render;
+use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing, PostError};
 
 /// A text sent by the same user within this time after a file-only message is its caption.
@@ -54,7 +54,7 @@ impl Lane {
         &self,
         file_ev: &NewEvent,
         ord: i64,
-    ) -> Option<(String, String)> {
+    ) -> Option<(OwnedEventId, String)> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -146,18 +146,10 @@ impl Lane {
         declared_size: Option<u64>,
         declared_mime: Option<String>,
     ) -> Result<media::Downloaded, ()> {
-        let (Ok(event_id), Ok(room_id), Ok(sender)) = (
-            OwnedEventId::try_from(ev.event_id.as_str()),
-            OwnedRoomId::try_from(ev.room_id.as_str()),
-            OwnedUserId::try_from(ev.sender.as_str()),
-        ) else {
-            warn!("malformed ids in journal; skipping file");
-            return Err(());
-        };
         let req = DownloadRequest {
-            event_id,
-            room_id,
-            sender,
+            event_id: ev.event_id.clone(),
+            room_id: ev.room_id.clone(),
+            sender: ev.sender.clone(),
             sent_at: std::time::UNIX_EPOCH + std::time::Duration::from_millis(ev.origin_ts),
             source,
             declared_size,
@@ -212,11 +204,12 @@ impl Lane {
 
     /// Tells the room about a problem with message `ev`, under it.
     async fn tell(&self, ev: &NewEvent, text: &str, purpose: Purpose) {
-        let Some(target) = self.target_for(&ev.event_id, ev.thread_root.as_deref()) else {
-            return;
+        let target = ReplyTarget {
+            event_id: ev.event_id.clone(),
+            thread_root: ev.thread_root.clone(),
         };
         let ctx = &self.ctx;
-        let txn = render::notice_txn_id(&ev.event_id, purpose);
+        let txn = render::notice_txn_id(ev.event_id.as_str(), purpose);
         let out = Outgoing {
             txn: &txn,
             thread_root: Some(target.root()),

@@ -113,11 +113,11 @@ fn store_turn(journal: &Journal, chat: &ChatId, id: &str) -> u64 {
         .record(
             "!r:hs",
             &[NewEvent {
-                event_id: id.into(),
-                room_id: "!r:hs".into(),
+                event_id: id.try_into().unwrap(),
+                room_id: "!r:hs".try_into().unwrap(),
                 chat_id: Some(chat.clone()),
                 thread_root: None,
-                sender: "@alice:hs".into(),
+                sender: "@alice:hs".try_into().unwrap(),
                 sender_name: None,
                 origin_ts: 1,
                 content: Some(Stored::Message(MessageType::text_plain("hi"))),
