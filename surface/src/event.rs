@@ -54,18 +54,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    fn raw(v: serde_json::Value) -> Inbound {
-        Inbound::from_json(&v.to_string()).unwrap()
-    }
-
-    fn member(id: &str, sender: &str, who: &str, membership: &str, before: &str) -> Inbound {
-        raw(json!({
-            "event_id": id, "sender": sender, "origin_server_ts": 1, "type": "m.room.member",
-            "state_key": who, "content": {"membership": membership},
-            "unsigned": {"prev_content": {"membership": before}}
-        }))
-    }
+    use crate::inbound::samples::{member, raw};
 
     fn message(id: &str, sender: &str, ts: u64) -> Inbound {
         raw(json!({

@@ -8,6 +8,7 @@
 //! with a notice instead of dropped.
 
 use matrix_sdk::deserialized_responses::{TimelineEvent, VerificationState};
+use matrix_sdk::ruma::events::relation::Thread;
 use matrix_sdk::ruma::events::room::encrypted::{
     EncryptedEventScheme, Relation as EncryptedRelation, RoomEncryptedEventContent,
 };
@@ -52,6 +53,16 @@ pub struct Place {
 }
 
 impl Place {
+    /// In the thread of `t` (`m.thread`, the same relation in clear and encrypted events).
+    fn in_thread(t: Thread) -> Self {
+        Self {
+            thread_root: Some(t.event_id),
+            in_reply_to: t.in_reply_to.map(|r| r.event_id),
+            falling_back: t.is_falling_back,
+            other_relation: false,
+        }
+    }
+
     /// The event a person replied to: `in_reply_to` unless it is only the thread fallback.
     pub fn replied_to(&self) -> Option<&OwnedEventId> {
         (!self.falling_back)
@@ -248,14 +259,7 @@ impl Inbound {
             }
             (relation, msgtype) => {
                 match relation {
-                    Some(Relation::Thread(t)) => {
-                        self.place = Place {
-                            thread_root: Some(t.event_id),
-                            in_reply_to: t.in_reply_to.map(|r| r.event_id),
-                            falling_back: t.is_falling_back,
-                            other_relation: false,
-                        };
-                    }
+                    Some(Relation::Thread(t)) => self.place = Place::in_thread(t),
                     Some(Relation::Reply(r)) => {
                         self.place.in_reply_to = Some(r.in_reply_to.event_id);
                     }
@@ -272,14 +276,7 @@ impl Inbound {
 
     fn encrypted(&mut self, content: RoomEncryptedEventContent, raw: &Raw<AnySyncTimelineEvent>) {
         match content.relates_to {
-            Some(EncryptedRelation::Thread(t)) => {
-                self.place = Place {
-                    thread_root: Some(t.event_id),
-                    in_reply_to: t.in_reply_to.map(|r| r.event_id),
-                    falling_back: t.is_falling_back,
-                    other_relation: false,
-                };
-            }
+            Some(EncryptedRelation::Thread(t)) => self.place = Place::in_thread(t),
             Some(EncryptedRelation::Reply(r)) => {
                 self.place.in_reply_to = Some(r.in_reply_to.event_id);
             }
@@ -349,24 +346,41 @@ pub fn session_id_of(json: &str) -> Option<String> {
     })
 }
 
+/// Events for tests (also of the modules that read [`Inbound`]s).
 #[cfg(test)]
-mod tests {
-    use matrix_sdk::ruma::{event_id, user_id};
+pub(crate) mod samples {
     use serde_json::json;
 
-    use super::*;
+    use super::Inbound;
 
-    fn raw(v: serde_json::Value) -> Inbound {
+    /// An event from its JSON.
+    pub(crate) fn raw(v: serde_json::Value) -> Inbound {
         Inbound::from_json(&v.to_string()).unwrap()
     }
 
-    fn member(id: &str, sender: &str, who: &str, membership: &str, before: &str) -> Inbound {
+    /// `sender` changes the membership of `who` from `before` to `membership`.
+    pub(crate) fn member(
+        id: &str,
+        sender: &str,
+        who: &str,
+        membership: &str,
+        before: &str,
+    ) -> Inbound {
         raw(json!({
             "event_id": id, "sender": sender, "origin_server_ts": 1, "type": "m.room.member",
             "state_key": who, "content": {"membership": membership},
             "unsigned": {"prev_content": {"membership": before}}
         }))
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use matrix_sdk::ruma::{event_id, user_id};
+    use serde_json::json;
+
+    use super::samples::{member, raw};
+    use super::*;
 
     fn event(kind: &str, content: serde_json::Value) -> Inbound {
         raw(json!({
