@@ -1,6 +1,6 @@
 //! Log set-up for the binary: `RUST_LOG` (default [`DEFAULT_FILTER`]), text or JSON lines, no colour codes
 //! off a terminal, and library events that carry a credential dropped at every level
-//! ([`redact`], the surface's rule, the same file).
+//! ([`redact`]: the rule and writing layer both binaries share, from the `daemon` crate).
 
 use tracing::Subscriber;
 use tracing_subscriber::EnvFilter;
@@ -10,8 +10,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 // The agent sees the bearer token in every upgrade request and sends the API key to the model
 // server.
-#[path = "../../surface/src/logging/redact.rs"]
-pub mod redact;
+pub use daemon::{redact, wants_json};
 
 /// The filter when `RUST_LOG` is not set: `info`, but the MCP SDK (rmcp) only from `warn`,
 /// since it logs every message an MCP server sends at `info` (a server would decide how much
@@ -20,11 +19,6 @@ pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
 
 /// Our crates: their events are exempt from [`redact`] (they keep secrets in `Secret`).
 const OWN_CRATES: &[&str] = &["agent", "confine", "protocol"];
-
-/// Whether `LOG_FORMAT` asks for JSON lines (`json`; anything else, or nothing, is text).
-pub fn wants_json(format: Option<&str>) -> bool {
-    format.is_some_and(|f| f.trim().eq_ignore_ascii_case("json"))
-}
 
 /// Installs the global subscriber: text, or one JSON object per line when `json`.
 pub fn init(json: bool) {

@@ -6,8 +6,6 @@ use std::process::ExitCode;
 
 use agent::config::VARS;
 use anyhow::Context;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
 
 const ABOUT: &str = "The agent side of mxbridge: one conversation per chat, tools confined to \
                      the workspace, a builtin or OpenAI-compatible brain.";
@@ -69,18 +67,7 @@ async fn serve(config: agent::Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("AGENT_BIND: cannot listen on {}", config.bind))?;
 
-    let shutdown = CancellationToken::new();
-    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-                _ = sigterm.recv() => tracing::info!("SIGTERM received"),
-            }
-            shutdown.cancel();
-        }
-    });
+    let shutdown = daemon::on_signals().context("cannot watch SIGTERM and SIGINT")?;
     agent::run(listener, config, shutdown).await?;
     Ok(())
 }

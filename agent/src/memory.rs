@@ -16,7 +16,6 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -314,7 +313,7 @@ impl Memory {
         let lock = self.lock_for(scope);
         let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut file = self.load(scope)?;
-        let outcome = file.add(text, now_ms())?;
+        let outcome = file.add(text, daemon::now_ms())?;
         if matches!(outcome, Remembered::New(_)) {
             self.save(scope, &file)?;
         }
@@ -407,13 +406,6 @@ impl Memory {
         }
         Ok(())
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -84,7 +84,7 @@ pub mod waits;
 pub mod workspace;
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use matrix_sdk::Client;
@@ -177,10 +177,7 @@ pub async fn run_with(
         proof: Arc::new(WorkspaceSentinels(workspace.clone())),
         health: health.clone(),
     };
-    let started_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default();
+    let started_ms = daemon::now_ms();
     let ctx: Ctx = Arc::new(Shared {
         config,
         client,
@@ -257,9 +254,7 @@ fn install_metrics(health: &Arc<Health>, journal: &Arc<Journal>) {
     let render = move || {
         let snap = weak.upgrade().map(|h| h.snapshot());
         let backlog = journal.backlog().unwrap_or_default();
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = daemon::now_ms();
         let state = metrics::State {
             since_sync: snap.as_ref().and_then(|s| s.last_sync).map(|t| t.elapsed()),
             backlog: (

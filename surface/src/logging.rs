@@ -2,9 +2,10 @@
 //! off a terminal, a few library lines that are noise for an operator dropped ([`is_noise`]:
 //! matrix-sdk's ERROR for every 404, a WARN per retry of a message whose room key is late, the
 //! "own device deleted" WARN of a fresh login), and library events that carry a credential
-//! dropped at every level ([`redact`]).
+//! dropped at every level ([`redact`]: the rule and writing layer both binaries share, from
+//! the `daemon` crate).
 
-pub mod redact;
+pub use daemon::{redact, wants_json};
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,11 +27,6 @@ const OWN_CRATES: &[&str] = &["surface", "confine", "protocol"];
 /// The credential filter the surface runs, whatever `RUST_LOG` says.
 pub fn redaction() -> redact::Redact {
     redact::Redact::new(OWN_CRATES)
-}
-
-/// Whether `LOG_FORMAT` asks for JSON lines (`json`; anything else, or nothing, is text).
-pub fn wants_json(format: Option<&str>) -> bool {
-    format.is_some_and(|f| f.trim().eq_ignore_ascii_case("json"))
 }
 
 /// Installs the global subscriber: text, or one JSON object per line when `json`

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use settings::clap::{Arg, Command};
 use surface::config::{Config, VARS};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 const ABOUT: &str = "The Matrix side of mxbridge: syncs the bot's rooms, journals every \
@@ -34,20 +33,10 @@ async fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return settings::refuse("surface", &e),
     };
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-        token.cancel();
+    // Without signals the surface still runs; it just cannot be stopped gracefully.
+    let shutdown = daemon::on_signals().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot watch SIGTERM and SIGINT");
+        CancellationToken::new()
     });
     match surface::run(config, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,7 @@
 use std::io::BufReader;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use protocol::{AttachmentInfo, WorkspacePath};
 use reqwest::multipart::{Form, Part};
 use serde_json::Value;
@@ -161,11 +161,8 @@ impl Transcriber {
         let attempt = || self.once(ws, path, info, size, &exchange);
         let text = attempt
             .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(500))
-                    .with_max_delay(Duration::from_secs(8))
-                    .with_max_times(self.config.attempts.saturating_sub(1))
-                    .with_jitter(),
+                daemon::backoff(Duration::from_millis(500), Duration::from_secs(8))
+                    .with_max_times(self.config.attempts.saturating_sub(1)),
             )
             .when(TranscribeError::is_passing)
             .notify(|e, wait| warn!(%path, error = %e, ?wait, "transcription failed; trying again"))

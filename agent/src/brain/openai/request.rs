@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -170,11 +170,8 @@ async fn send(
     };
     attempt
         .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(500))
-                .with_max_delay(Duration::from_secs(8))
-                .with_max_times(tuning.attempts.saturating_sub(1))
-                .with_jitter(),
+            daemon::backoff(Duration::from_millis(500), Duration::from_secs(8))
+                .with_max_times(tuning.attempts.saturating_sub(1)),
         )
         .when(|a: &Attempt| a.failure.is_passing() && a.wait.is_none_or(|w| w <= MAX_RETRY_AFTER))
         .adjust(|a: &Attempt, backoff| a.wait.or(backoff))

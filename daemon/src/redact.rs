@@ -17,8 +17,8 @@
 //! in `protocol::Secret`, whose `Debug` is `[redacted]`, and a config dump that merely names an
 //! `access_token` field must not vanish.
 //!
-//! This file depends on `tracing` and `tracing-subscriber` only: the agent binary includes it
-//! with `#[path]`, so both binaries run the same rule without a shared logging crate.
+//! Both binaries run this rule (`Redact::new` with their own crates' names) in the one layer
+//! that writes their log ([`writing_layer`]).
 
 use std::fmt::Write as _;
 
