@@ -24,7 +24,8 @@
 //!   policies included.
 //! * [`confine`]: opening files beneath the workspace handle; what a chat may touch.
 //! * [`connection`]: the one typed WebSocket connection (limits, keepalive, close codes).
-//! * [`logging`]: the binary's tracing set-up, with the surface's credential rule.
+//! * [`logging`]: the binary's tracing set-up, with the credential rule both binaries share
+//!   (the `daemon` crate).
 //! * [`metrics`]: every Prometheus metric's name and help text, and the exporter.
 //! * [`store`]: one append-only log per chat (a JSON line per change), indexed in memory;
 //!   older single-record chats converted on load.
