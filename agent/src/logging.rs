@@ -50,22 +50,8 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use daemon::Captured as Capture;
 
     #[test]
     fn every_line_of_ours_is_written_between_dropped_library_events() {
@@ -85,7 +71,7 @@ mod tests {
             tracing::info!(target: "rmcp::service", "received notification");
             tracing::warn!(target: "rmcp::transport", "line too long");
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         let lines: Vec<&str> = text
             .lines()
             .map(|l| l.split_once(' ').map_or(l, |(_, rest)| rest.trim_start()))

@@ -34,6 +34,32 @@ pub fn on_signals() -> std::io::Result<CancellationToken> {
     Ok(shutdown)
 }
 
+/// A log writer that keeps every byte written to it, shared by its clones: what tests of a
+/// subscriber read back (`subscriber(…, move || captured.clone())`).
+#[derive(Debug, Clone, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Everything written so far, as text.
+    pub fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Milliseconds since the Unix epoch (0 for a clock set before it).
 pub fn now_ms() -> u64 {
     SystemTime::now()

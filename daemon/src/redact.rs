@@ -169,24 +169,10 @@ impl Visit for Scan {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use tracing_subscriber::layer::{Layer, SubscriberExt};
 
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::Captured as Capture;
 
     #[test]
     fn library_credentials_never_reach_the_output_even_at_trace() {
@@ -215,7 +201,7 @@ mod tests {
             tracing::trace!(target: "tungstenite::handshake::client", "Client handshake initiated.");
             tracing::info!(target: "own_crate::config", config = "Token { access_token: [redacted] }", "starting");
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         assert!(!text.contains("secret123"), "{text}");
         assert!(text.contains("Client handshake initiated."), "{text}");
         assert!(text.contains("starting"), "own events are kept: {text}");

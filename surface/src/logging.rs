@@ -137,22 +137,8 @@ impl Visit for Message {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use daemon::Captured as Capture;
 
     /// What the surface writes under the default filter for `script`, each line without its
     /// timestamp.
@@ -162,7 +148,7 @@ mod tests {
         let filter = EnvFilter::new(DEFAULT_FILTER);
         let subscriber = subscriber(filter, false, false, move || writer.clone(), false);
         tracing::subscriber::with_default(subscriber, script);
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         text.lines()
             .map(|l| {
                 l.split_once(' ')

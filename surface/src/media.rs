@@ -35,7 +35,7 @@ mod writeback;
 
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use matrix_sdk::Client;
 use matrix_sdk::reqwest;
 use serde::Deserialize;
@@ -331,11 +331,8 @@ where
     Fut: Future<Output = Result<T, E>>,
     E: RetryClass + std::fmt::Display,
 {
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(30))
-        .with_max_times(MAX_RETRIES)
-        .with_jitter();
+    let backoff = daemon::backoff(Duration::from_millis(500), Duration::from_secs(30))
+        .with_max_times(MAX_RETRIES);
     (|| attempt())
         .retry(backoff)
         .when(|e: &E| e.is_retryable())

@@ -3,10 +3,10 @@
 //! every model request huge. Run by the same interpreter as `mcp.rs` (skipped without one).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent::config::{BrainConfig, McpServerConfig, OpenAiConfig, Policy};
+use daemon::Captured as Capture;
 use protocol::{ChatId, EndStatus};
 use serde_json::json;
 
@@ -231,20 +231,6 @@ async fn a_server_offering_thousands_of_tools_is_capped_per_turn() {
     assert!(names.iter().any(|n| n == "read_file"), "{names:?}");
 }
 
-/// A log writer for one test: every line the agent's subscriber writes.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 // `#[tokio::test]` runs every task of the agent on this thread, so the subscriber set for
 // the thread sees all of them.
 #[tokio::test]
@@ -264,7 +250,7 @@ async fn a_noisy_server_neither_floods_nor_forges_the_log() {
     let t = c.turn(message(1, "$n1", "mcp noisy.ping {}")).await;
     assert_eq!(t.text(), "pong");
 
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = log.text();
     let lines: Vec<&str> = text.lines().collect();
     eprintln!("{} log lines, {} bytes:\n{text}", lines.len(), text.len());
     assert!(lines.len() < 100, "{text}");
