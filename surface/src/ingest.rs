@@ -242,13 +242,7 @@ fn missed_while_offline(
         .count()
 }
 
-/// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
+pub use daemon::now_ms;
 
 #[cfg(test)]
 mod tests {

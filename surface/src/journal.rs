@@ -25,7 +25,6 @@ pub use inspect::RoomView;
 
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedUserId};
 use protocol::{ChatId, ContextMessage};
@@ -230,11 +229,9 @@ CREATE TABLE IF NOT EXISTS room_settings(
 );
 "#;
 
+/// [`daemon::now_ms`] as sqlite stores it.
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
+    i64::try_from(daemon::now_ms()).unwrap_or(i64::MAX)
 }
 
 fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<()> {
