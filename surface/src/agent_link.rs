@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use protocol::{ChatId, Hello, PROTOCOL_VERSION, Sentinel, ToAgent, ToSurface, Welcome};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -258,12 +258,7 @@ pub fn spawn(
 }
 
 fn backoff() -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(30))
-        .without_max_times()
-        .build()
+    daemon::backoff(Duration::from_millis(200), Duration::from_secs(30)).build()
 }
 
 async fn run(
@@ -458,12 +453,7 @@ pub async fn watch(endpoint: AgentEndpoint, url: Url, chat: ChatId, shutdown: Ca
 }
 
 fn watch_backoff() -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(10))
-        .without_max_times()
-        .build()
+    daemon::backoff(Duration::from_millis(200), Duration::from_secs(10)).build()
 }
 
 /// Keeps an idle connection open with pings until it drops (`Some(reason)`) or `shutdown`

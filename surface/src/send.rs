@@ -19,7 +19,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use matrix_sdk::config::RequestConfig;
 use matrix_sdk::ruma::api::error::{ErrorBody, ErrorKind, RetryAfter};
 use matrix_sdk::ruma::events::MessageLikeEventContent;
@@ -121,12 +121,7 @@ where
         SendState::Parked(why) => return Err(PostError::AlreadyParked(why)),
         SendState::Open => {}
     }
-    let mut backoff = ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(60))
-        .without_max_times()
-        .build();
+    let mut backoff = daemon::backoff(Duration::from_secs(1), Duration::from_secs(60)).build();
     let mut attempt = 0u32;
     loop {
         attempt += 1;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use matrix_sdk::Room;
 use matrix_sdk::config::SyncSettings;
 use matrix_sdk::event_handler::Ctx as HandlerCtx;
@@ -138,14 +138,7 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     let mut settings = SyncSettings::default()
         .filter(sync_filter())
         .timeout(Duration::ZERO);
-    let new_backoff = || {
-        ExponentialBuilder::default()
-            .with_jitter()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(Duration::from_secs(30))
-            .without_max_times()
-            .build()
-    };
+    let new_backoff = || daemon::backoff(Duration::from_secs(1), Duration::from_secs(30)).build();
     let mut backoff = new_backoff();
     let mut ready = false;
     // `None` once the broadcast is closed (the client holds its sending end as long as it
@@ -339,12 +332,7 @@ async fn messages_page(
     room: &Room,
     token: Option<&str>,
 ) -> Option<matrix_sdk::room::Messages> {
-    let mut backoff = ExponentialBuilder::default()
-        .with_jitter()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(30))
-        .without_max_times()
-        .build();
+    let mut backoff = daemon::backoff(Duration::from_millis(500), Duration::from_secs(30)).build();
     loop {
         let mut options = MessagesOptions::backward().from(token);
         options.limit = UInt::from(PAGE);
