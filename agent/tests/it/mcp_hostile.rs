@@ -6,7 +6,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agent::config::{BrainConfig, McpServerConfig, OpenAiConfig, Policy};
-use daemon::Captured as Capture;
 use protocol::{ChatId, EndStatus};
 use serde_json::json;
 
@@ -231,26 +230,67 @@ async fn a_server_offering_thousands_of_tools_is_capped_per_turn() {
     assert!(names.iter().any(|n| n == "read_file"), "{names:?}");
 }
 
-// `#[tokio::test]` runs every task of the agent on this thread, so the subscriber set for
-// the thread sees all of them.
+// The real agent binary, its log read from its own output: a subscriber set for one test
+// thread misses lines when other tests log at the same time (tracing's per-callsite interest
+// is shared by the whole process), which made this test flaky in-process.
 #[tokio::test]
 async fn a_noisy_server_neither_floods_nor_forges_the_log() {
     let Some(python) = python() else { return };
-    let log = Capture::default();
-    let writer = log.clone();
-    let filter = tracing_subscriber::EnvFilter::new(agent::logging::DEFAULT_FILTER);
-    let subscriber = agent::logging::subscriber(filter, false, false, move || writer.clone());
-    let _logging = tracing::subscriber::set_default(subscriber);
-
+    let workspace = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/mcp_hostile.py");
+    let log_path = state.path().join("agent.log");
+    let log_file = std::fs::File::create(&log_path).unwrap();
     // Each call of `ping` sends 10,000 log notifications, newlines in every name, first.
-    let servers = vec![hostile(&python, "noisy", &["noisy", "10000"])];
-    let policies = &[("noisy__*", Policy::Allow)];
-    let agent = TestAgent::start_with(with_mcp(servers, policies, CALL_TIMEOUT)).await;
-    let (mut c, _) = agent.connect(&chat()).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("AGENT_BIND", format!("127.0.0.1:{port}"))
+        .env("AGENT_TOKEN", TOKEN)
+        .env("WORKSPACE_ROOT", workspace.path())
+        .env("AGENT_STATE_DIR", state.path())
+        .env("AGENT_TEST_HOOKS", "1")
+        .env(
+            "AGENT_MCP_SERVERS",
+            format!(
+                "noisy=stdio:{} {} noisy 10000",
+                python.display(),
+                script.display()
+            ),
+        )
+        .env("AGENT_TOOL_POLICY", "noisy__*=allow")
+        .stdin(std::process::Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("ws://127.0.0.1:{port}/v1/agent_ws/{}/", chat().as_str());
+    let deadline = Instant::now() + DEADLINE;
+    let ws = loop {
+        match tokio_tungstenite::connect_async(request(&url, Some(TOKEN), None)).await {
+            Ok((ws, _)) => break ws,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the agent did not listen: {e}"),
+        }
+    };
+    let mut c = Client {
+        ws,
+        delivery_error: None,
+    };
+    c.hello(None).await;
     let t = c.turn(message(1, "$n1", "mcp noisy.ping {}")).await;
     assert_eq!(t.text(), "pong");
+    child.kill().await.unwrap();
 
-    let text = log.text();
+    let text = std::fs::read_to_string(&log_path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     eprintln!("{} log lines, {} bytes:\n{text}", lines.len(), text.len());
     assert!(lines.len() < 100, "{text}");
