@@ -322,6 +322,7 @@ impl Lane {
                     .await
                     .err();
                 drop(posting);
+                turn.live.edited();
                 turn.live.shown(now, chars, pace, wait.flatten());
                 turn.live_text = shown;
             }

@@ -1,8 +1,11 @@
 //! An answer shown while the agent is still writing it: one message, posted once the answer
 //! has been streaming for a while and then edited at a bounded rate (never faster than the
 //! configured interval, slower when the homeserver asks), and finally edited to exactly the
-//! answer. Quick answers are never edited: they are posted once, complete. Pure: [`next`]
-//! decides, the lane executes (`lanes::effects`).
+//! answer. Quick answers are never edited: they are posted once, complete. A long answer is
+//! edited ever more slowly (the pace grows with its length) and at most [`MAX_EDITS`] times:
+//! past that it goes on without edits and is shown whole by the final edit, so no message
+//! collects the thousand edits that stop a room loading in clients. Pure: [`next`] decides,
+//! the lane executes (`lanes::effects`).
 
 use tokio::time::{Duration, Instant};
 
@@ -17,6 +20,22 @@ pub struct Live {
     pub shown_chars: usize,
     /// Not before this may the message change again.
     pub not_before: Option<Instant>,
+    /// Edits made to the message while the answer was written (the final edit not counted).
+    pub edits: u32,
+}
+
+/// At most this many edits while an answer is written (a room with messages of ~1,000 edits
+/// stops loading in clients; the final edit, to exactly the answer, always comes).
+pub const MAX_EDITS: u32 = 50;
+
+/// Every this many characters of answer add one more interval between edits.
+const PACE_CHARS: usize = 4_000;
+
+/// The wait between edits for an answer `chars` long: `interval` up to [`PACE_CHARS`], then one
+/// `interval` more for each further [`PACE_CHARS`] (pure).
+pub fn pace(interval: Duration, chars: usize) -> Duration {
+    let steps = u32::try_from(1 + chars / PACE_CHARS).unwrap_or(u32::MAX);
+    interval.saturating_mul(steps)
 }
 
 /// What to do about the shown answer now.
@@ -44,7 +63,7 @@ pub fn next(live: &Live, now: Instant, chars: usize, interval: Option<Duration>)
     }
     match (&live.event_id, live.started) {
         (None, Some(started)) if now >= started + interval => LiveStep::Post,
-        (Some(_), _) if chars != live.shown_chars => LiveStep::Edit,
+        (Some(_), _) if chars != live.shown_chars && live.edits < MAX_EDITS => LiveStep::Edit,
         _ => LiveStep::Wait,
     }
 }
@@ -55,8 +74,9 @@ impl Live {
         self.started.get_or_insert(now);
     }
 
-    /// The message now shows `chars` characters; the next change waits for `interval`, or
-    /// for as long as the homeserver asked (`retry_after`, a 429), whichever is longer.
+    /// The message now shows `chars` characters; the next change waits for the [`pace`] of
+    /// `interval` at that length, or for as long as the homeserver asked (`retry_after`, a
+    /// 429), whichever is longer.
     pub fn shown(
         &mut self,
         now: Instant,
@@ -65,7 +85,13 @@ impl Live {
         retry_after: Option<Duration>,
     ) {
         self.shown_chars = chars;
-        self.not_before = Some(now + interval.max(retry_after.unwrap_or_default()));
+        let wait = pace(interval, chars).max(retry_after.unwrap_or_default());
+        self.not_before = Some(now + wait);
+    }
+
+    /// The message was edited once more.
+    pub fn edited(&mut self) {
+        self.edits = self.edits.saturating_add(1);
     }
 
     /// The block is over (posted in full): the next text starts a new one.
@@ -92,6 +118,15 @@ mod tests {
             event_id: Some("$e".into()),
             shown_chars: chars,
             not_before: Some(not_before),
+            edits: 0,
+        };
+        let capped = Live {
+            edits: MAX_EDITS,
+            ..posted(10, t0 + s(4))
+        };
+        let almost = Live {
+            edits: MAX_EDITS - 1,
+            ..posted(10, t0 + s(4))
         };
         /// Name, state, now, characters so far, pace, expected step.
         type Case = (
@@ -152,10 +187,45 @@ mod tests {
                 on,
                 LiveStep::Wait,
             ),
+            (
+                "the last edit allowed",
+                almost,
+                t0 + s(4),
+                20,
+                on,
+                LiveStep::Edit,
+            ),
+            (
+                "edits used up: the final edit shows the rest",
+                capped,
+                t0 + s(60),
+                20,
+                on,
+                LiveStep::Wait,
+            ),
         ];
         for (name, live, now, chars, interval, want) in cases {
             assert_eq!(next(live, *now, *chars, *interval), *want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_long_answer_is_edited_more_slowly() {
+        let two = Duration::from_secs(2);
+        let cases = [(0, 2), (3_999, 2), (4_000, 4), (12_000, 8), (40_000, 22)];
+        for (chars, secs) in cases {
+            assert_eq!(pace(two, chars), Duration::from_secs(secs), "{chars}");
+        }
+        let t0 = Instant::now();
+        let mut live = Live::default();
+        live.shown(t0, 8_000, two, None);
+        assert_eq!(live.not_before, Some(t0 + Duration::from_secs(6)));
+        live.shown(t0, 8_000, two, Some(Duration::from_secs(10)));
+        assert_eq!(
+            live.not_before,
+            Some(t0 + Duration::from_secs(10)),
+            "a 429 still wins"
+        );
     }
 
     #[test]
