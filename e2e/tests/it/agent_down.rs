@@ -76,18 +76,23 @@ async fn answered(user: &E2eeUser, room: &str, bot: &str, id: &str, stack: &Stac
     });
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_it_is_back() {
-    let hs = Homeserver::from_env();
-    let mut stack = Stack::start(
-        &hs,
+/// A stack whose surface tells the room after 2 s that the agent cannot be reached.
+async fn stack_with_quick_notice(hs: &Homeserver) -> Stack {
+    Stack::start(
+        hs,
         StackOptions {
             surface_env: BTreeMap::from([("SURFACE_AGENT_DOWN_NOTICE".into(), "2s".into())]),
             ..StackOptions::default()
         },
     )
     .await
-    .expect("stack starts");
+    .expect("stack starts")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_it_is_back() {
+    let hs = Homeserver::from_env();
+    let mut stack = stack_with_quick_notice(&hs).await;
     let bot = stack.bot.user_id.clone();
     let user = E2eeUser::register(&hs, "outage").await.expect("register");
     let room = user.create_encrypted_dm(&bot).await.expect("encrypted DM");
@@ -206,15 +211,7 @@ async fn a_room_is_told_once_when_its_agent_cannot_be_reached_and_answered_when_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_first_dm_message_sent_while_the_agent_is_down_is_answered_after_one_notice() {
     let hs = Homeserver::from_env();
-    let mut stack = Stack::start(
-        &hs,
-        StackOptions {
-            surface_env: BTreeMap::from([("SURFACE_AGENT_DOWN_NOTICE".into(), "2s".into())]),
-            ..StackOptions::default()
-        },
-    )
-    .await
-    .expect("stack starts");
+    let mut stack = stack_with_quick_notice(&hs).await;
     let bot = stack.bot.user_id.clone();
     stack.agent.stop().await;
     wait_agent_up(&stack, false).await;
