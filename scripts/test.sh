@@ -40,6 +40,9 @@ if [ ! -x "$PROMTOOL" ]; then
   fetch_promtool || { apt-get update -qq && fetch_promtool; }
 fi
 scripts/synapse.sh install
+# PostgreSQL (Debian's server; a cluster of the tests' own is started below): the agent's
+# database backend runs the shared store suites and the failover tests against it.
+scripts/postgres.sh install
 # The official MCP Python SDK: the agent's MCP tests run its servers (agent/tests/it/mcp_server.py).
 MCP_VENV="$MXBRIDGE_CACHE/mcp-venv-1.30.0"
 if ! "$MCP_VENV/bin/python" -c 'import mcp' 2>/dev/null; then
@@ -68,13 +71,24 @@ step "lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked --features surface/latency -- -D warnings
 
+# One PostgreSQL for every suite below (each test creates a database of its own in it); sets
+# MXBRIDGE_TEST_DATABASE_URL and MXBRIDGE_PG_DIR.
+PG_DIR="$(mktemp -d /tmp/mxbridge-postgres.XXXXXX)"
+PG_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+cleanup() {
+  scripts/postgres.sh stop "$PG_DIR"
+  rm -rf "$PG_DIR"
+  if [ -n "${SYN_DIR:-}" ]; then scripts/synapse.sh stop "$SYN_DIR"; rm -rf "$SYN_DIR"; fi
+}
+trap cleanup EXIT
+eval "$(scripts/postgres.sh start "$PG_DIR" "$PG_PORT")"
+
 step "unit tests"
 cargo test --workspace --lib --bins --locked --features surface/latency
 
 step "integration and end-to-end tests (real Synapse)"
 SYN_DIR="$(mktemp -d /tmp/mxbridge-synapse.XXXXXX)"
 SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-trap 'scripts/synapse.sh stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
 eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
 # Every crate's tests/it; the e2e ones start real agent and surface processes against Synapse.
 cargo test --workspace --test it --locked --features surface/latency -- --test-threads 2 --nocapture

@@ -25,8 +25,11 @@ pub struct Config {
     pub token: Secret,
     /// The shared workspace (`WORKSPACE_ROOT`); every file access happens beneath it.
     pub workspace_root: PathBuf,
-    /// The agent's own durable state: chat histories, remembered approvals (`AGENT_STATE_DIR`).
+    /// The agent's own durable state: chat histories, remembered approvals (`AGENT_STATE_DIR`);
+    /// not used when [`Config::database`] is set.
     pub state_dir: PathBuf,
+    /// PostgreSQL for the durable state instead of the state directory (`AGENT_DATABASE_URL`).
+    pub database: Option<DatabaseConfig>,
     /// Which brain answers turns (`AGENT_BRAIN`).
     pub brain: BrainConfig,
     /// Policy per tool (`AGENT_TOOL_POLICY` over the defaults); has an entry for every built-in
@@ -321,6 +324,7 @@ pub fn default_policies() -> BTreeMap<String, Policy> {
         .collect()
 }
 
+pub use crate::db::DatabaseConfig;
 pub use protocol::Secret;
 
 impl fmt::Debug for Config {
@@ -330,6 +334,7 @@ impl fmt::Debug for Config {
             .field("token", &self.token)
             .field("workspace_root", &self.workspace_root)
             .field("state_dir", &self.state_dir)
+            .field("database", &self.database)
             .field("brain", &self.brain)
             .field("tool_policy", &self.tool_policy)
             .field("mcp", &self.mcp)
@@ -393,6 +398,7 @@ impl Config {
             token: Secret::new(token),
             workspace_root,
             state_dir,
+            database: None,
             brain: BrainConfig::Builtin,
             tool_policy: default_policies(),
             mcp: McpConfig::default(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use settings::Problems;
 
-pub use self::observe::{BindSeen, DirSeen, ModelsSeen, SentinelSeen, VisionSeen};
+pub use self::observe::{BindSeen, DbSeen, DirSeen, ModelsSeen, SentinelSeen, VisionSeen};
 use crate::config::{BrainConfig, Config, ConfigError, OpenAiConfig, TranscribeConfig, VisionMode};
 use crate::server::without_userinfo;
 pub use settings::{Finding, Level};
@@ -56,10 +56,14 @@ pub async fn doctor(get: impl Fn(&str) -> Option<String>) -> Report {
 /// Checks a valid configuration against the machine: workspace, state, address, model.
 pub async fn check(config: &Config) -> Vec<Finding> {
     let root = &config.workspace_root;
+    let state = match &config.database {
+        Some(db) => database(&observe::database(db).await),
+        None => state_dir(&config.state_dir, &observe::dir(&config.state_dir)),
+    };
     let mut findings = vec![
         workspace(root, &observe::workspace(root)),
         shared_workspace(&observe::sentinel(root)),
-        state_dir(&config.state_dir, &observe::dir(&config.state_dir)),
+        state,
         bind(config.bind, &observe::bind(config.bind).await),
     ];
     match &config.brain {
@@ -222,6 +226,42 @@ pub fn state_dir(dir: &Path, seen: &DirSeen) -> Finding {
         DirSeen::NotADirectory => fail(format!("{dir} is not a folder")),
         DirSeen::Unreadable(e) => fail(format!("cannot look at {dir}: {e}")),
         DirSeen::NotWritable(e) => fail(format!("cannot write in {dir}: {e}")),
+    }
+}
+
+/// Whether the agent's database answers with a schema this agent can use.
+pub fn database(seen: &DbSeen) -> Finding {
+    const CHECK: &str = "state";
+    match seen {
+        DbSeen::Unreachable(e) => Finding::new(
+            Level::Fail,
+            CHECK,
+            format!("AGENT_DATABASE_URL: cannot ask the database: {e}"),
+        ),
+        DbSeen::Schema { found, known } if found > known => Finding::new(
+            Level::Fail,
+            CHECK,
+            format!(
+                "the database schema is at version {found}, newer than this agent knows                  ({known}): a newer agent migrated it; run that version"
+            ),
+        ),
+        DbSeen::Schema { found: 0, .. } => Finding::new(
+            Level::Ok,
+            CHECK,
+            "PostgreSQL answers; the agent creates its tables at start",
+        ),
+        DbSeen::Schema { found, known } if found < known => Finding::new(
+            Level::Ok,
+            CHECK,
+            format!(
+                "PostgreSQL answers, schema version {found}; the agent migrates it to {known} at start"
+            ),
+        ),
+        DbSeen::Schema { found, .. } => Finding::new(
+            Level::Ok,
+            CHECK,
+            format!("PostgreSQL answers, schema version {found}"),
+        ),
     }
 }
 

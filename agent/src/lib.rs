@@ -4,6 +4,7 @@
 //! Module map, top to bottom; a module imports only modules listed below it:
 //! * [`doctor`]: `agent doctor`, the operator's checks of configuration, folders, address and
 //!   model server (pure verdicts over what it observed).
+//! * [`import`]: `agent import-state`, a state directory moved into the database.
 //! * [`server`]: routes, bearer-token check before the upgrade, `run` and shutdown; until a
 //!   connection upgrades it has a deadline and a place at the gate (caps per peer and overall).
 //! * [`session`]: one connection: handshake, acknowledging turns, replies, the turn worker.
@@ -27,18 +28,24 @@
 //! * [`logging`]: the binary's tracing set-up, with the credential rule both binaries share
 //!   (the `daemon` crate).
 //! * [`metrics`]: every Prometheus metric's name and help text, and the exporter.
-//! * [`store`]: one append-only log per chat (a JSON line per change), indexed in memory;
-//!   older single-record chats converted on load.
-//! * [`memory`]: the durable fact store of the memory tools: one file per Matrix user and per
-//!   room, replaced atomically under a per-scope lock.
+//! * [`lease`]: one turn at a time per chat across agents sharing a database (a renewed lease
+//!   with a fencing token).
+//! * [`store`]: chats' durable records behind one trait: PostgreSQL rows, or one append-only
+//!   log per chat (a JSON line per change) indexed in memory.
+//! * [`memory`]: the durable fact store of the memory tools: PostgreSQL rows, or one file per
+//!   Matrix user and per room, replaced atomically under a per-scope lock.
+//! * [`db`]: the PostgreSQL pool and its embedded, versioned schema migrations.
 
 pub mod brain;
 pub mod chat;
 pub mod config;
 pub mod confine;
 pub mod connection;
+pub mod db;
 pub mod describe;
 pub mod doctor;
+pub mod import;
+pub mod lease;
 pub mod link;
 pub mod logging;
 pub mod memory;

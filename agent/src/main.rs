@@ -10,11 +10,18 @@ use anyhow::Context;
 const ABOUT: &str = "The agent side of mxbridge: one conversation per chat, tools confined to \
                      the workspace, a builtin or OpenAI-compatible brain.";
 
-const SUBCOMMANDS: &[(&str, &str)] = &[(
-    "doctor",
-    "Checks the configuration, workspace, state and model server, one line per finding; exit 0 \
-     when all are ok",
-)];
+const SUBCOMMANDS: &[(&str, &str)] = &[
+    (
+        "doctor",
+        "Checks the configuration, workspace, state and model server, one line per finding; \
+         exit 0 when all are ok",
+    ),
+    (
+        "import-state",
+        "Moves AGENT_STATE_DIR's chats and memory into AGENT_DATABASE_URL; skips what is already \
+         there, never overwrites newer data (exit 1 when something was refused)",
+    ),
+];
 
 fn main() -> ExitCode {
     // The PDF helper: a child of the agent itself, limited, no runtime, no logging.
@@ -34,7 +41,10 @@ async fn run() -> ExitCode {
     let cmd = settings::command("agent", env!("CARGO_PKG_VERSION"), ABOUT, VARS, SUBCOMMANDS);
     let lookup = match settings::parse(cmd, VARS, std::env::args_os(), |k| std::env::var(k).ok()) {
         Ok(settings::Invocation::Run(l)) => l,
-        // `doctor`, the only subcommand: its report is its output, so no logging is set up.
+        Ok(settings::Invocation::Sub(name, l)) if name == "import-state" => {
+            return import_state(|k| l.get(k)).await;
+        }
+        // `doctor`: its report is its output, so no logging is set up.
         Ok(settings::Invocation::Sub(_, l)) => {
             let report = agent::doctor::doctor(|k| l.get(k)).await;
             let mut stdout = std::io::stdout().lock();
@@ -60,6 +70,27 @@ async fn run() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// `agent import-state`: the report on stdout, one line per refusal and the totals.
+async fn import_state(get: impl Fn(&str) -> Option<String>) -> ExitCode {
+    match agent::import::run(get).await {
+        Ok(report) => {
+            let mut stdout = std::io::stdout().lock();
+            for line in report.lines() {
+                let _ = writeln!(stdout, "{line}");
+            }
+            if report.refusals.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("agent import-state: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn serve(config: agent::Config) -> anyhow::Result<()> {

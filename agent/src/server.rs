@@ -97,7 +97,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let tracker = TaskTracker::new();
     let limits = config.limits.clone();
-    let state = AppState::new(config, shutdown.clone(), tracker.clone())?;
+    let state = AppState::new(config, shutdown.clone(), tracker.clone()).await?;
     let gate = Gate::new(limits.max_pending, limits.max_pending_per_ip);
     let (brain, model, model_server) = match &state.config.brain {
         BrainConfig::Builtin => ("builtin", String::new(), String::new()),

@@ -55,8 +55,25 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
     if !welcome(&app.workspace, &chat, &out, hello).await {
         return;
     }
+    let unfinished = match chat.pending_turns().await {
+        Ok(unfinished) => unfinished,
+        Err(e) => {
+            // They stay stored; the surface reconnects and they are resumed then.
+            error!(error = %e, "cannot read the chat's unfinished turns");
+            let _ = out
+                .error(
+                    ErrorCode::Internal,
+                    "the agent cannot read this chat's state",
+                )
+                .await;
+            out.close(CloseReason::Internal).await;
+            drop((conn, out));
+            let _ = writer.await;
+            return;
+        }
+    };
     chat.attach(conn_id, cancel.clone());
-    let session = Session::start(&app, &chat, &out, cancel.clone()).await;
+    let session = Session::start(&app, &chat, &out, unfinished, cancel.clone()).await;
     while let Some(msg) = conn.recv().await {
         if session.route(msg).await.is_break() {
             break;
@@ -121,6 +138,7 @@ impl Session {
         app: &AppState,
         chat: &Arc<Chat>,
         out: &Outbox,
+        unfinished: Vec<String>,
         cancel: CancellationToken,
     ) -> Self {
         let replies = Arc::new(Replies::default());
@@ -132,7 +150,6 @@ impl Session {
             limits: app.config.limits.clone(),
         };
         let (turns, queued) = mpsc::unbounded_channel();
-        let unfinished = chat.pending_turns().await;
         if !unfinished.is_empty() {
             info!(
                 count = unfinished.len(),

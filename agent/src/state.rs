@@ -10,9 +10,11 @@ use crate::brain::{self, Brain};
 use crate::chat::Chats;
 use crate::config::Config;
 use crate::confine::Workspace;
+use crate::db::{Database, DbError};
+use crate::lease::Leases;
 use crate::memory::{Memory, MemoryError};
 use crate::perceive::Perception;
-use crate::store::{Store, StoreError};
+use crate::store::{Backend, Store, StoreError};
 use crate::tools::{Hub, Registry};
 
 /// Shared state of the server. Cheap to clone.
@@ -28,6 +30,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// The memory tools' durable facts, per user and per room.
     pub memory: Memory,
+    /// Chats' leases: one turn at a time per chat across agents sharing a database.
+    pub leases: Leases,
     /// The brain.
     pub brain: Arc<dyn Brain>,
     /// Pictures for the model, transcription.
@@ -58,11 +62,15 @@ pub enum StateError {
     /// The memory folder in the state directory cannot be used.
     #[error("AGENT_STATE_DIR: {0}")]
     Memory(#[from] MemoryError),
+    /// The database cannot be used.
+    #[error("AGENT_DATABASE_URL: {0}")]
+    Database(#[from] DbError),
 }
 
 impl AppState {
-    /// Opens the workspace and the state directory, and builds the brain and the tools.
-    pub fn new(
+    /// Opens the workspace and the state (the database, or the state directory), and builds
+    /// the brain and the tools.
+    pub async fn new(
         config: Config,
         shutdown: CancellationToken,
         tracker: TaskTracker,
@@ -72,8 +80,21 @@ impl AppState {
                 path: config.workspace_root.display().to_string(),
                 source,
             })?;
-        let store = Store::open(&config.state_dir)?;
-        let memory = Memory::open(&config.state_dir)?;
+        let (store, memory, db) = match &config.database {
+            Some(db) => {
+                let db = Database::open(db).await?;
+                (
+                    Backend::postgres(db.clone()),
+                    Memory::postgres(db.clone()),
+                    Some(db),
+                )
+            }
+            None => (
+                Backend::Files(Store::open(&config.state_dir)?),
+                Memory::open(&config.state_dir)?,
+                None,
+            ),
+        };
         let mut registry =
             Registry::new(config.tool_policy.clone()).offering_demos(config.offer_demo_tools);
         if !config.mcp.servers.is_empty() {
@@ -92,6 +113,7 @@ impl AppState {
             chats: Arc::new(Chats::new(store)),
             registry,
             memory,
+            leases: Leases::new(db),
             brain,
             perception,
             shutdown,

@@ -1,4 +1,6 @@
-//! Durable per-chat history: an append-only log per chat under the state directory
+//! Durable per-chat history behind one trait ([`ChatRecord`]), kept in PostgreSQL when the agent
+//! has a database (`pg`, shared by every agent of a deployment) and otherwise in the state
+//! directory, described here: an append-only log per chat under the state directory
 //! (`chats/<chat>.jsonl`), one JSON line per change, each written before the change counts
 //! and fsynced when it is a promise: a turn's admission (before its `ack`), what was perceived,
 //! an approval remembered for good. A turn's end is not fsynced but rides on the next fsync: if
@@ -33,11 +35,23 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+pub mod admission;
+mod any;
+mod files;
 mod lines;
 mod log;
+pub mod pg;
+mod record;
+#[cfg(test)]
+mod suite;
 
+pub use any::AnyChat;
 use lines::*;
-pub use log::ChatLog;
+pub use log::{ChatLog, Exported};
+pub use pg::{PgChat, PgChats};
+pub use record::{Begun, ChatRecord};
+
+use crate::db::Database;
 
 /// Version of the log format, bumped on incompatible changes (1 was the single JSON record).
 pub const FORMAT_VERSION: u32 = 2;
@@ -202,6 +216,9 @@ pub enum StoreError {
         /// The parse error.
         source: serde_json::Error,
     },
+    /// The database failed or holds something unreadable (its message, never the URL).
+    #[error("database: {0}")]
+    Database(String),
     /// The log was written by a newer agent.
     #[error("chat record {path} has format version {version}, newer than {FORMAT_VERSION}")]
     Version {
@@ -210,6 +227,30 @@ pub enum StoreError {
         /// Its version.
         version: u32,
     },
+}
+
+/// Where chats' records are kept. Cheap to clone.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The state directory, one log per chat (one agent process owns it).
+    Files(Store),
+    /// PostgreSQL, shared by every agent of a deployment.
+    Postgres(PgChats),
+}
+
+impl Backend {
+    /// Chats kept in `db`.
+    pub fn postgres(db: Database) -> Self {
+        Self::Postgres(PgChats::new(db))
+    }
+
+    /// The record of chat `id`: the file log is read (indexed) now, database rows when asked.
+    pub fn load(&self, id: &ChatId) -> Result<AnyChat, StoreError> {
+        match self {
+            Self::Files(store) => store.load(id).map(|log| AnyChat::Files(Box::new(log))),
+            Self::Postgres(chats) => Ok(AnyChat::Postgres(chats.chat(id))),
+        }
+    }
 }
 
 /// The state directory. Cheap to clone.
@@ -264,6 +305,7 @@ impl Store {
             }
             Err(source) => return Err(StoreError::Io { path, source }),
         }
+        log.last_seq = admission::plausible_last_seq(log.seqs());
         Ok(log)
     }
 

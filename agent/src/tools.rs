@@ -446,7 +446,17 @@ impl Registry {
             Policy::Deny => Err(ToolError::Denied(tool.to_owned())),
             Policy::Ask => {
                 let key = (tool.to_owned(), resource.clone());
-                let decision = if cx.link.chat.is_always_allowed(cx.user, &key).await {
+                let remembered = cx
+                    .link
+                    .chat
+                    .is_always_allowed(cx.user, &key)
+                    .await
+                    .unwrap_or_else(|e| {
+                        // Asked again rather than allowed on a guess.
+                        warn!(error = %e, "could not read the remembered approvals");
+                        false
+                    });
+                let decision = if remembered {
                     Decision::AllowAlways
                 } else if let Some(d) = grants.get(&key) {
                     *d

@@ -10,8 +10,8 @@ use settings::Problems;
 
 use super::mcp::{self, MCP_SEPARATOR, McpConfig, McpServerConfig};
 use super::{
-    BrainConfig, Config, ConfigError, Limits, ModelTuning, OpenAiConfig, Policy, Secret,
-    TOOL_NAMES, TranscribeConfig, VisionConfig, VisionMode, default_policies, err,
+    BrainConfig, Config, ConfigError, DatabaseConfig, Limits, ModelTuning, OpenAiConfig, Policy,
+    Secret, TOOL_NAMES, TranscribeConfig, VisionConfig, VisionMode, default_policies, err,
 };
 
 impl Config {
@@ -33,6 +33,7 @@ impl Config {
         let token = r.token();
         let workspace_root = r.absolute_path("WORKSPACE_ROOT", "/workspace");
         let state_dir = r.absolute_path("AGENT_STATE_DIR", "/var/lib/agent");
+        let database = r.database();
         let mcp = r.mcp();
         let tool_policy = {
             let spec = r.get("AGENT_TOOL_POLICY").unwrap_or_default();
@@ -60,6 +61,7 @@ impl Config {
                 token: Secret::new(token?),
                 workspace_root: workspace_root?,
                 state_dir: state_dir?,
+                database: database?,
                 brain: brain?,
                 tool_policy: tool_policy?,
                 mcp: mcp?,
@@ -253,6 +255,26 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
             long_edge: long_edge?,
             max_images: max_images?,
         })
+    }
+
+    /// PostgreSQL for the agent's state (`AGENT_DATABASE_URL`, a secret: it may hold a
+    /// password); checked as a connection string, never echoed.
+    fn database(&mut self) -> Option<Option<DatabaseConfig>> {
+        let pool_size = self.count("AGENT_DATABASE_POOL", 16);
+        let Some(url) = self.get("AGENT_DATABASE_URL") else {
+            return pool_size.map(|_| None);
+        };
+        let url = url.trim().to_owned();
+        if url.parse::<tokio_postgres::Config>().is_err() {
+            return self.fail(
+                "AGENT_DATABASE_URL",
+                "not a PostgreSQL connection URL (postgres://user@host/dbname?sslmode=require)",
+            );
+        }
+        Some(Some(DatabaseConfig {
+            url: Secret::new(url),
+            pool_size: pool_size?,
+        }))
     }
 
     /// Transcription settings; every one is checked even while `TRANSCRIBE_MODEL` is unset

@@ -24,6 +24,15 @@ pub const VARS: &[Var] = &[
         "/var/lib/agent",
         "conversations and memory",
     ),
+    Var::secret(
+        "AGENT_DATABASE_URL",
+        "PostgreSQL for chats, turns and memory instead of AGENT_STATE_DIR (postgres://…)",
+    ),
+    Var::new(
+        "AGENT_DATABASE_POOL",
+        "16",
+        "most connections to AGENT_DATABASE_URL",
+    ),
     Var::new(
         "AGENT_BRAIN",
         "builtin",

@@ -25,6 +25,36 @@ const MAX_TEXT: usize = 300;
 /// The surface's sentinels, relative to the workspace root (`surface::workspace` writes them).
 const SENTINEL_DIR: &str = "surfaces/matrix/.sentinel";
 
+/// What the agent's database said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbSeen {
+    /// It could not be reached or asked (the error, never the URL).
+    Unreachable(String),
+    /// Its schema version, and the newest this agent knows.
+    Schema {
+        /// Applied (0: none yet; the agent applies them at start).
+        found: i64,
+        /// Known to this agent.
+        known: i64,
+    },
+}
+
+/// Asks the database for its schema version, within ten seconds.
+pub async fn database(config: &crate::config::DatabaseConfig) -> DbSeen {
+    let asked = async {
+        let db = crate::db::Database::connect(config)?;
+        db.version().await
+    };
+    match tokio::time::timeout(Duration::from_secs(10), asked).await {
+        Ok(Ok(found)) => DbSeen::Schema {
+            found,
+            known: crate::db::known_version(),
+        },
+        Ok(Err(e)) => DbSeen::Unreachable(e.to_string()),
+        Err(_) => DbSeen::Unreachable("no answer within 10 s".to_owned()),
+    }
+}
+
 /// A folder the agent needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DirSeen {

@@ -57,11 +57,26 @@ pub(super) async fn welcome(
 ) -> bool {
     info!(surface = %hello.surface, "handshake");
     let workspace = check_workspace(workspace, &chat.id, hello.workspace_sentinel).await;
+    let last_seq = match chat.last_seq().await {
+        Ok(last_seq) => last_seq,
+        Err(e) => {
+            // Without it the surface cannot know what to resend: it reconnects and asks again.
+            error!(error = %e, "cannot read the chat's last sequence number");
+            let _ = out
+                .error(
+                    ErrorCode::Internal,
+                    "the agent cannot read this chat's state",
+                )
+                .await;
+            out.close(CloseReason::Internal).await;
+            return false;
+        }
+    };
     let welcome = Welcome {
         protocol_version: PROTOCOL_VERSION,
         agent: env!("CARGO_PKG_NAME").to_owned(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        last_seq: chat.last_seq().await,
+        last_seq,
         workspace,
     };
     out.send(&welcome.into()).await.is_ok()

@@ -36,7 +36,14 @@ pub(super) async fn cancel_turn(chat: &Chat, out: &Outbox, running: &Running, tu
     if let Some(token) = token {
         info!(turn, "cancelling the running turn");
         token.cancel();
-    } else if chat.pending_turns().await.iter().any(|id| id == turn) {
+    } else if chat
+        .pending_turns()
+        .await
+        .inspect_err(|e| error!(error = %e, turn, "cannot read the chat's pending turns"))
+        .unwrap_or_default()
+        .iter()
+        .any(|id| id == turn)
+    {
         // Queued but not started: it never runs.
         if chat
             .finish(turn, TurnStatus::Cancelled, String::new(), Vec::new(), None)
@@ -84,7 +91,24 @@ pub(super) async fn turn_worker(
             _ = cancel.cancelled() => return,
             guard = chat.lane.lock() => guard,
         };
-        run_turn(&app, &chat, &link, &id, queued, &cancel, &running).await;
+        // One turn at a time across every agent sharing the database, too.
+        let Some(lease) = app.leases.acquire(&chat.id, &cancel).await else {
+            return;
+        };
+        // Losing the lease ends the turn like losing the connection: it stays pending.
+        let turn_scope = cancel.child_token();
+        let stop_on_loss = {
+            let (lost, turn_scope) = (lease.lost().clone(), turn_scope.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = lost.cancelled() => turn_scope.cancel(),
+                    _ = turn_scope.cancelled() => {}
+                }
+            })
+        };
+        run_turn(&app, &chat, &link, &id, queued, &turn_scope, &running).await;
+        stop_on_loss.abort();
+        drop(lease);
     }
 }
 

@@ -46,6 +46,8 @@ pub struct ChatLog {
     thread_root: Option<String>,
     /// `(user, tool, resource)` allowed for good; no user: for the whole chat (older lines).
     always_allowed: BTreeSet<(Option<String>, String, String)>,
+    /// Highest plausible stored `seq` ([`plausible_last_seq`] on load, then raised by admissions).
+    pub(super) last_seq: u64,
 }
 
 /// The turn of `slot` with how it ended.
@@ -85,6 +87,7 @@ impl ChatLog {
             room_id: None,
             thread_root: None,
             always_allowed: BTreeSet::new(),
+            last_seq: 0,
         }
     }
 
@@ -475,7 +478,7 @@ impl ChatLog {
         user: &str,
         key: (String, String),
     ) -> Result<(), StoreError> {
-        if self.is_always_allowed(user, &key) {
+        if ChatLog::is_always_allowed(self, user, &key) {
             return Ok(());
         }
         let (tool, resource) = key;
@@ -500,4 +503,39 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(io::Error::other(e)))
+}
+
+/// Everything a chat's log holds, for moving it into a database (`agent import-state`).
+#[derive(Debug)]
+pub struct Exported {
+    /// The chat's room and thread, known from its first turn.
+    pub room_id: Option<String>,
+    /// The thread root, if the chat is a thread.
+    pub thread_root: Option<String>,
+    /// Highest plausible stored `seq`.
+    pub last_seq: u64,
+    /// Every turn in arrival order, with how it ended.
+    pub turns: Vec<TurnRecord>,
+    /// Approvals for good: `(user, tool, resource)`; no user: the whole chat.
+    pub allowed: Vec<(Option<String>, String, String)>,
+}
+
+impl ChatLog {
+    /// Reads every turn of the log (the whole chat in memory: for an offline import).
+    pub async fn export(&self) -> Result<Exported, StoreError> {
+        let turns = if self.turns.is_empty() {
+            Vec::new()
+        } else {
+            let slots = self.turns.clone();
+            self.read(move |file| slots.iter().map(|s| read_turn(file, s)).collect())
+                .await?
+        };
+        Ok(Exported {
+            room_id: self.room_id.clone(),
+            thread_root: self.thread_root.clone(),
+            last_seq: self.last_seq,
+            turns,
+            allowed: self.always_allowed.iter().cloned().collect(),
+        })
+    }
 }

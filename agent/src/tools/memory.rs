@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use tracing::warn;
 
-use super::{Tool, ToolCx, ToolError, ToolOutput, blocking, shorten};
+use super::{Tool, ToolCx, ToolError, ToolOutput, shorten};
 use crate::confine::ChatScope;
 use crate::memory::{Fact, MemoryError, Remembered, Scope, ScopeKind, matches, parse_id};
 
@@ -110,9 +110,11 @@ impl Tool for Remember {
 
     async fn call(args: Self::Args, cx: &ToolCx<'_>) -> Result<ToolOutput, ToolError> {
         let scope = scope_for(args.scope.kind(), cx)?;
-        let memory = cx.memory.clone();
-        let outcome =
-            blocking(move || memory.remember(&scope, &args.fact).map_err(tool_error)).await?;
+        let outcome = cx
+            .memory
+            .remember(&scope, &args.fact)
+            .await
+            .map_err(tool_error)?;
         Ok(match outcome {
             Remembered::New(id) => format!("Remembered as {id}."),
             Remembered::Already(id) => format!("Already remembered as {id}."),
@@ -154,16 +156,11 @@ impl Tool for Recall {
         let user = scope_for(ScopeKind::User, cx)?;
         // A chat whose room is unknown has no room memory to read; its user's is still there.
         let room = scope_for(ScopeKind::Room, cx).ok();
-        let memory = cx.memory.clone();
-        let (user_facts, room_facts) = blocking(move || {
-            let user_facts = memory.facts(&user).map_err(tool_error)?;
-            let room_facts = match room {
-                Some(room) => memory.facts(&room).map_err(tool_error)?,
-                None => Vec::new(),
-            };
-            Ok((user_facts, room_facts))
-        })
-        .await?;
+        let user_facts = cx.memory.facts(&user).await.map_err(tool_error)?;
+        let room_facts = match room {
+            Some(room) => cx.memory.facts(&room).await.map_err(tool_error)?,
+            None => Vec::new(),
+        };
         let query = args.query.unwrap_or_default();
         Ok(recall_text(cx.user, &user_facts, &room_facts, &query).into())
     }
@@ -234,12 +231,8 @@ impl Tool for Forget {
             return Err(tool_error(MemoryError::UnknownId(shorten(&args.id, 40))));
         };
         let scope = scope_for(kind, cx)?;
-        let memory = cx.memory.clone();
         let id = args.id;
-        let fact = {
-            let id = id.clone();
-            blocking(move || memory.forget(&scope, &id).map_err(tool_error)).await?
-        };
+        let fact = cx.memory.forget(&scope, &id).await.map_err(tool_error)?;
         Ok(format!("Forgot {id}: {}", fact.text).into())
     }
 }

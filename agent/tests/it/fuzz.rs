@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use agent::chat::{Admission, Chats, MAX_SEQ, MAX_SEQ_AHEAD};
-use agent::store::Store;
+use agent::store::{Backend, Store};
 use protocol::{ChatId, Sender, UserMessage};
 
 fn message(id: &str, seq: u64) -> UserMessage {
@@ -91,7 +91,7 @@ fn fuzz_admission() {
             plan.push((id, seq, expected));
         }
         runtime.block_on(async {
-            let chats = Chats::new(Store::open(dir.path()).unwrap());
+            let chats = Chats::new(Backend::Files(Store::open(dir.path()).unwrap()));
             let chat = chats.chat(&chat_id).unwrap();
             for (id, seq, expected) in &plan {
                 let got = match chat.admit(&message(id, *seq)).await.unwrap() {
@@ -104,13 +104,21 @@ fn fuzz_admission() {
                     refused += 1;
                 }
             }
-            assert_eq!(chat.last_seq().await, model.last_seq, "{plan:?}");
-            assert_eq!(chat.pending_turns().await, model.stored, "{plan:?}");
+            assert_eq!(chat.last_seq().await.unwrap(), model.last_seq, "{plan:?}");
+            assert_eq!(
+                chat.pending_turns().await.unwrap(),
+                model.stored,
+                "{plan:?}"
+            );
             // What a restart finds.
-            let again = Chats::new(Store::open(dir.path()).unwrap());
+            let again = Chats::new(Backend::Files(Store::open(dir.path()).unwrap()));
             let chat = again.chat(&chat_id).unwrap();
-            assert_eq!(chat.last_seq().await, model.last_seq, "{plan:?}");
-            assert_eq!(chat.pending_turns().await, model.stored, "{plan:?}");
+            assert_eq!(chat.last_seq().await.unwrap(), model.last_seq, "{plan:?}");
+            assert_eq!(
+                chat.pending_turns().await.unwrap(),
+                model.stored,
+                "{plan:?}"
+            );
         });
         Ok(())
     });

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use agent::chat::{Admission, Chats};
-use agent::store::{Store, TurnStatus};
+use agent::store::{Backend, Store, TurnStatus};
 
 use crate::support::*;
 
@@ -44,7 +44,7 @@ async fn cost_per_message_stays_flat_as_history_grows() {
     let window = (turns / 10).clamp(1, 1_000);
     let id = chat();
     let state = tempfile::tempdir().unwrap();
-    let chats = Chats::new(Store::open(state.path()).unwrap());
+    let chats = Chats::new(Backend::Files(Store::open(state.path()).unwrap()));
     let chat = chats.chat(&id).unwrap();
     let text = "x".repeat(bytes);
 
@@ -82,10 +82,10 @@ async fn cost_per_message_stays_flat_as_history_grows() {
 
     // Every turn is still known after a restart: a resend is a duplicate.
     let reload = Instant::now();
-    let chats = Chats::new(Store::open(state.path()).unwrap());
+    let chats = Chats::new(Backend::Files(Store::open(state.path()).unwrap()));
     let chat = chats.chat(&id).unwrap();
     let reload = reload.elapsed();
-    assert_eq!(chat.last_seq().await, turns);
+    assert_eq!(chat.last_seq().await.unwrap(), turns);
     let resend = message(1, "$bench1", &text);
     assert_eq!(chat.admit(&resend).await.unwrap(), Admission::Duplicate);
 

@@ -19,6 +19,7 @@ mod model_faults;
 mod openai;
 mod pdf;
 mod persistence;
+mod postgres;
 mod replay;
 mod support;
 mod turns;

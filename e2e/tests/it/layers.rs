@@ -47,10 +47,12 @@ const SURFACE: &[&[&str]] = &[
 
 /// The agent's modules, bottom to top.
 const AGENT: &[&[&str]] = &[
+    &["db"],
     &[
         "config",
         "confine",
         "connection",
+        "lease",
         "logging",
         "memory",
         "metrics",
@@ -66,7 +68,7 @@ const AGENT: &[&[&str]] = &[
     &["state"],
     &["session"],
     &["server"],
-    &["doctor"],
+    &["doctor", "import"],
 ];
 
 /// A file's code: before its tests, without comments and doc links.

@@ -6,6 +6,8 @@
 //! implausible one is refused rather than allowed to move `last_seq` somewhere no real
 //! message will ever reach.
 
+use tracing::warn;
+
 /// Largest `seq` accepted at all: the largest integer every JSON reader keeps exact
 /// (JavaScript's `Number.MAX_SAFE_INTEGER`), well inside the surface journal's signed 64-bit
 /// column, and so far from `u64::MAX` that `last_seq + MAX_SEQ_AHEAD` cannot overflow.
@@ -85,6 +87,18 @@ pub fn plausible_last_seq(stored: impl IntoIterator<Item = u64>) -> u64 {
         .filter(|seq| (1..=MAX_SEQ).contains(seq))
         .max()
         .unwrap_or(0)
+}
+
+/// Logs a new message whose `seq` is not the next one (admitted all the same: the id is what
+/// identifies a message).
+pub(crate) fn warn_out_of_line(seq: u64, last_seq: u64) {
+    // `checked_add`: a record from an older agent may hold `last_seq == u64::MAX`.
+    if last_seq.checked_add(1) != Some(seq) {
+        warn!(
+            seq,
+            last_seq, "sequence number out of line (a gap, or reused)"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,426 @@
+//! Chats' records in PostgreSQL (`AGENT_DATABASE_URL`), shared by every agent of a deployment:
+//! nothing is cached in the process, so whichever agent serves a chat next finds all of it.
+//!
+//! A turn is a row of `turns` (the message as admitted in `record`, how it ended in `ended`);
+//! admission locks the chat's row (`SELECT … FOR UPDATE`) for the decision and the insert, so
+//! two agents given the same message at once store it once.
+
+use std::collections::BTreeMap;
+
+use deadpool_postgres::GenericClient;
+use protocol::{ChatId, UserMessage, WorkspacePath};
+use tokio_postgres::Row;
+use tokio_postgres::types::Json;
+
+use super::admission::{Admission, decide, warn_out_of_line};
+use super::record::{Begun, ChatRecord};
+use super::{History, Perceived, RECENT_TURNS, StoreError, TurnEnd, TurnRecord, TurnStatus};
+use crate::db::{Database, DbError, Imported, describe};
+
+/// The chats of a database. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PgChats {
+    db: Database,
+}
+
+impl PgChats {
+    /// The chats kept in `db`.
+    pub fn new(db: Database) -> Self {
+        Self { db }
+    }
+
+    /// The record of chat `id` (rows are read when asked for, never cached).
+    pub fn chat(&self, id: &ChatId) -> PgChat {
+        PgChat {
+            db: self.db.clone(),
+            chat_id: id.to_string(),
+        }
+    }
+}
+
+/// One chat's record in the database.
+#[derive(Debug)]
+pub struct PgChat {
+    db: Database,
+    chat_id: String,
+}
+
+/// The status as stored in `turns.status`.
+pub(super) fn status_name(status: TurnStatus) -> &'static str {
+    match status {
+        TurnStatus::Pending => "pending",
+        TurnStatus::Completed => "completed",
+        TurnStatus::Failed => "failed",
+        TurnStatus::Cancelled => "cancelled",
+    }
+}
+
+/// A `u64` counter as a PostgreSQL `bigint` (values past `i64::MAX` are refused at admission).
+pub(super) fn big(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn db_error(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Database(describe(&e))
+}
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        StoreError::Database(e.to_string())
+    }
+}
+
+/// The turn of a row holding `record` and `ended`, with how it ended applied.
+fn turn_of(row: &Row, chat: &str) -> Result<TurnRecord, StoreError> {
+    let bad = |e: tokio_postgres::Error| {
+        StoreError::Database(format!("unreadable turn of chat {chat}: {}", describe(&e)))
+    };
+    let Json(mut turn): Json<TurnRecord> = row.try_get("record").map_err(bad)?;
+    let ended: Option<Json<TurnEnd>> = row.try_get("ended").map_err(bad)?;
+    if let Some(Json(end)) = ended {
+        turn.apply(end);
+    }
+    Ok(turn)
+}
+
+impl PgChat {
+    /// Makes sure the chat has its row (turns and approvals refer to it).
+    async fn ensure_row(&self, client: &impl GenericClient) -> Result<(), StoreError> {
+        client
+            .execute(
+                "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[&self.chat_id],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    /// Writes `end` over the turn's last end, keeping what was perceived when `end` says
+    /// nothing of it; nothing happens for an unknown id.
+    async fn end(&self, mut end: TurnEnd) -> Result<(), StoreError> {
+        let mut client = self.db.get().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        let Some(row) = tx
+            .query_opt(
+                "SELECT ended FROM turns WHERE chat_id = $1 AND id = $2 FOR UPDATE",
+                &[&self.chat_id, &end.id],
+            )
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(());
+        };
+        if end.perceived.is_empty()
+            && let Ok(Some(Json(before))) = row.try_get::<_, Option<Json<TurnEnd>>>("ended")
+        {
+            end.perceived = before.perceived;
+        }
+        tx.execute(
+            "UPDATE turns SET status = $3, ended = $4 WHERE chat_id = $1 AND id = $2",
+            &[
+                &self.chat_id,
+                &end.id,
+                &status_name(end.status),
+                &Json(&end),
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)
+    }
+}
+
+impl ChatRecord for PgChat {
+    async fn admit(&mut self, msg: &UserMessage) -> Result<Admission, StoreError> {
+        let mut client = self.db.get().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        self.ensure_row(&tx).await?;
+        let last_seq: i64 = tx
+            .query_one(
+                "SELECT last_seq FROM chats WHERE chat_id = $1 FOR UPDATE",
+                &[&self.chat_id],
+            )
+            .await
+            .map_err(db_error)?
+            .get(0);
+        let stored = tx
+            .query_opt(
+                "SELECT 1 FROM turns WHERE chat_id = $1 AND id = $2",
+                &[&self.chat_id, &msg.id],
+            )
+            .await
+            .map_err(db_error)?
+            .is_some();
+        let last_seq = u64::try_from(last_seq).unwrap_or(0);
+        let admission = decide(stored, msg.seq, last_seq);
+        if admission != Admission::New {
+            return Ok(admission);
+        }
+        warn_out_of_line(msg.seq, last_seq);
+        let turn = TurnRecord::from_message(msg);
+        let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
+        tx.execute(
+            "INSERT INTO turns (chat_id, n, id, seq, status, attachments, record) \
+             SELECT $1, COALESCE(MAX(n), 0) + 1, $2, $3, 'pending', $4, $5 \
+             FROM turns WHERE chat_id = $1",
+            &[
+                &self.chat_id,
+                &msg.id,
+                &big(msg.seq),
+                &attachments,
+                &Json(&turn),
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        tx.execute(
+            "UPDATE chats SET room_id = COALESCE(room_id, $2), \
+             thread_root = COALESCE(thread_root, $3), last_seq = GREATEST(last_seq, $4) \
+             WHERE chat_id = $1",
+            &[&self.chat_id, &msg.room_id, &msg.thread_root, &big(msg.seq)],
+        )
+        .await
+        .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(Admission::New)
+    }
+
+    async fn last_seq(&mut self) -> Result<u64, StoreError> {
+        let client = self.db.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT last_seq FROM chats WHERE chat_id = $1",
+                &[&self.chat_id],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(row.map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)))
+    }
+
+    async fn pending(&mut self) -> Result<Vec<String>, StoreError> {
+        let client = self.db.get().await?;
+        let rows = client
+            .query(
+                "SELECT id FROM turns WHERE chat_id = $1 AND status = 'pending' ORDER BY n",
+                &[&self.chat_id],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn begin(&mut self, id: &str) -> Result<Option<Begun>, StoreError> {
+        let client = self.db.get().await?;
+        let Some(row) = client
+            .query_opt(
+                "SELECT t.n, t.record, t.ended, c.room_id FROM turns t \
+                 JOIN chats c ON c.chat_id = t.chat_id \
+                 WHERE t.chat_id = $1 AND t.id = $2 AND t.status = 'pending'",
+                &[&self.chat_id, &id],
+            )
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(None);
+        };
+        let n: i64 = row.get("n");
+        let room_id: Option<String> = row.get("room_id");
+        let turn = turn_of(&row, &self.chat_id)?;
+        let counts = client
+            .query_one(
+                "SELECT COUNT(*), COALESCE(SUM(attachments), 0)::bigint FROM turns \
+                 WHERE chat_id = $1 AND n < $2",
+                &[&self.chat_id, &n],
+            )
+            .await
+            .map_err(db_error)?;
+        let recent_rows = client
+            .query(
+                "SELECT record, ended FROM turns WHERE chat_id = $1 AND n < $2 \
+                 ORDER BY n DESC LIMIT $3",
+                &[&self.chat_id, &n, &big(RECENT_TURNS as u64)],
+            )
+            .await
+            .map_err(db_error)?;
+        let mut recent = recent_rows
+            .iter()
+            .map(|r| turn_of(r, &self.chat_id))
+            .collect::<Result<Vec<_>, _>>()?;
+        recent.reverse();
+        let history = History {
+            earlier: usize::try_from(counts.get::<_, i64>(0)).unwrap_or(0),
+            attachments: usize::try_from(counts.get::<_, i64>(1)).unwrap_or(0),
+            recent,
+        };
+        Ok(Some((turn, history, room_id)))
+    }
+
+    async fn turn(&mut self, id: &str) -> Result<Option<TurnRecord>, StoreError> {
+        let client = self.db.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT record, ended FROM turns WHERE chat_id = $1 AND id = $2",
+                &[&self.chat_id, &id],
+            )
+            .await
+            .map_err(db_error)?;
+        row.map(|r| turn_of(&r, &self.chat_id)).transpose()
+    }
+
+    async fn finish(&mut self, end: TurnEnd) -> Result<(), StoreError> {
+        self.end(end).await
+    }
+
+    async fn perceive(
+        &mut self,
+        id: &str,
+        perceived: BTreeMap<WorkspacePath, Perceived>,
+    ) -> Result<(), StoreError> {
+        let Some(current) = ChatRecord::turn(self, id).await? else {
+            return Ok(());
+        };
+        self.end(TurnEnd {
+            id: id.to_owned(),
+            status: current.status,
+            output: current.output,
+            sent_files: current.sent_files,
+            error: current.error,
+            perceived,
+        })
+        .await
+    }
+
+    async fn is_always_allowed(
+        &mut self,
+        user: &str,
+        key: &(String, String),
+    ) -> Result<bool, StoreError> {
+        let client = self.db.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT 1 FROM approvals WHERE chat_id = $1 AND user_id IN ($2, '') \
+                 AND tool = $3 AND resource = $4 LIMIT 1",
+                &[&self.chat_id, &user, &key.0, &key.1],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(row.is_some())
+    }
+
+    async fn allow_always(&mut self, user: &str, key: (String, String)) -> Result<(), StoreError> {
+        let client = self.db.get().await?;
+        self.ensure_row(&client).await?;
+        client
+            .execute(
+                "INSERT INTO approvals (chat_id, user_id, tool, resource) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&self.chat_id, &user, &key.0, &key.1],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+}
+
+impl PgChats {
+    /// Stores chat `id` as exported from a file log, in one transaction: a chat the database
+    /// does not know is stored whole; one it holds with the same turns is left as it is; one it
+    /// holds differently is refused (newer data there is never overwritten).
+    pub async fn import(
+        &self,
+        id: &ChatId,
+        chat: &super::Exported,
+    ) -> Result<Imported, StoreError> {
+        let chat_id = id.to_string();
+        let mut client = self.db.get().await?;
+        let tx = client.transaction().await.map_err(db_error)?;
+        tx.execute(
+            "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&chat_id],
+        )
+        .await
+        .map_err(db_error)?;
+        tx.execute(
+            "SELECT 1 FROM chats WHERE chat_id = $1 FOR UPDATE",
+            &[&chat_id],
+        )
+        .await
+        .map_err(db_error)?;
+        let held: Vec<String> = tx
+            .query(
+                "SELECT id FROM turns WHERE chat_id = $1 ORDER BY n",
+                &[&chat_id],
+            )
+            .await
+            .map_err(db_error)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let ours: Vec<&str> = chat.turns.iter().map(|t| t.id.as_str()).collect();
+        if !held.is_empty() {
+            return Ok(if held == ours {
+                Imported::Already
+            } else {
+                Imported::Refused(format!(
+                    "the database holds {} turn(s) of this chat, the state directory {}, and \
+                     they differ; the database's are kept",
+                    held.len(),
+                    ours.len()
+                ))
+            });
+        }
+        for (n, turn) in (1_i64..).zip(&chat.turns) {
+            let ended =
+                (turn.status != TurnStatus::Pending || !turn.perceived.is_empty()).then(|| {
+                    Json(TurnEnd {
+                        id: turn.id.clone(),
+                        status: turn.status,
+                        output: turn.output.clone(),
+                        sent_files: turn.sent_files.clone(),
+                        error: turn.error.clone(),
+                        perceived: turn.perceived.clone(),
+                    })
+                });
+            let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
+            tx.execute(
+                "INSERT INTO turns (chat_id, n, id, seq, status, attachments, record, ended) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    &chat_id,
+                    &n,
+                    &turn.id,
+                    &big(turn.seq),
+                    &status_name(turn.status),
+                    &attachments,
+                    &Json(turn),
+                    &ended,
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        }
+        tx.execute(
+            "UPDATE chats SET room_id = $2, thread_root = $3, last_seq = $4 WHERE chat_id = $1",
+            &[
+                &chat_id,
+                &chat.room_id,
+                &chat.thread_root,
+                &big(chat.last_seq),
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        for (user, tool, resource) in &chat.allowed {
+            tx.execute(
+                "INSERT INTO approvals (chat_id, user_id, tool, resource) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT DO NOTHING",
+                &[&chat_id, &user.as_deref().unwrap_or(""), tool, resource],
+            )
+            .await
+            .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)?;
+        Ok(Imported::New)
+    }
+}

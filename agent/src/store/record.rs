@@ -1,0 +1,69 @@
+//! What a chat's durable record offers, whichever backend keeps it: the append-only log in the
+//! state directory ([`ChatLog`]) or PostgreSQL ([`PgChat`]). Chats hold an [`AnyChat`]; the
+//! shared test suite (`store::suite`) runs every case against both.
+//!
+//! Every method that changes the record is durable when it returns, except [`ChatRecord::finish`]
+//! on the file log (see the module docs of `store`): nothing is acknowledged before it is stored.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use protocol::{UserMessage, WorkspacePath};
+
+use super::admission::Admission;
+use super::{History, Perceived, StoreError, TurnEnd, TurnRecord};
+
+/// A pending turn as a brain gets it: the turn, what came before it, and the chat's room.
+pub type Begun = (TurnRecord, History, Option<String>);
+
+/// One chat's durable record.
+pub trait ChatRecord: Send {
+    /// Decides on `msg` by its id and `seq` ([`super::admission::decide`]) and stores it as a
+    /// pending turn if it is new, as one atomic step: two agents racing with the same message
+    /// cannot both store it.
+    fn admit(
+        &mut self,
+        msg: &UserMessage,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
+
+    /// Highest plausible stored `seq` (0 before the first turn).
+    fn last_seq(&mut self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Ids of stored turns that have not finished, in arrival order.
+    fn pending(&mut self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// The pending turn `id` with what came before it; `None` if it is not pending.
+    fn begin(&mut self, id: &str)
+    -> impl Future<Output = Result<Option<Begun>, StoreError>> + Send;
+
+    /// The turn `id` as stored now, if there is one.
+    fn turn(
+        &mut self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<TurnRecord>, StoreError>> + Send;
+
+    /// Records how a turn ended (nothing happens for an unknown id). What was perceived earlier
+    /// is kept when `end` says nothing of it.
+    fn finish(&mut self, end: TurnEnd) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records what the agent made of turn `id`'s attachments; the turn stays as it stands.
+    fn perceive(
+        &mut self,
+        id: &str,
+        perceived: BTreeMap<WorkspacePath, Perceived>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether `user` allowed `(tool, resource)` for good in this chat.
+    fn is_always_allowed(
+        &mut self,
+        user: &str,
+        key: &(String, String),
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Remembers durably that `user` allowed `(tool, resource)` for good.
+    fn allow_always(
+        &mut self,
+        user: &str,
+        key: (String, String),
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}

@@ -1,0 +1,200 @@
+//! One suite of cases every chat-record backend passes: each case runs against the file log and
+//! against PostgreSQL (`MXBRIDGE_TEST_DATABASE_URL`, which the test command sets).
+
+use std::collections::BTreeMap;
+
+use protocol::{ChatId, Sender, UserMessage, WorkspacePath};
+
+use super::admission::{Admission, MAX_SEQ_AHEAD};
+use super::{AnyChat, Backend, ChatRecord, Perceived, RECENT_TURNS, Store, TurnEnd, TurnStatus};
+use crate::db::test_database;
+
+/// A backend of each kind (the file one in `dir`); PostgreSQL only when there is a test server.
+async fn backends(dir: &std::path::Path) -> Vec<Backend> {
+    let mut all = vec![Backend::Files(Store::open(dir).unwrap())];
+    if let Some(db) = test_database().await {
+        all.push(Backend::postgres(db));
+    }
+    all
+}
+
+/// Runs `case` against every backend, with a reopen function (a fresh handle on the same data,
+/// as after a restart).
+macro_rules! each_backend {
+    (|$backend:ident| $body:expr) => {{
+        let dir = tempfile::tempdir().unwrap();
+        for $backend in backends(dir.path()).await {
+            $body;
+        }
+    }};
+}
+
+fn chat() -> ChatId {
+    ChatId::new("c1").unwrap()
+}
+
+fn message(seq: u64, id: &str) -> UserMessage {
+    UserMessage {
+        seq,
+        id: id.into(),
+        room_id: "!r:x".into(),
+        thread_root: None,
+        sender: Sender {
+            user_id: "@a:b".into(),
+            display_name: None,
+        },
+        text: format!("text {seq}"),
+        attachments: vec![WorkspacePath::new("chats/c1/a").unwrap()],
+        attachment_info: BTreeMap::new(),
+        context: vec![],
+        timestamp_ms: seq,
+    }
+}
+
+fn end(id: &str, output: &str) -> TurnEnd {
+    TurnEnd {
+        id: id.into(),
+        status: TurnStatus::Completed,
+        output: output.into(),
+        sent_files: vec![],
+        error: None,
+        perceived: BTreeMap::new(),
+    }
+}
+
+fn open(backend: &Backend) -> AnyChat {
+    backend.load(&chat()).unwrap()
+}
+
+#[tokio::test]
+async fn admission_by_id_survives_reopening() {
+    each_backend!(|backend| {
+        let mut c = open(&backend);
+        assert_eq!(c.last_seq().await.unwrap(), 0);
+        for seq in 1..=3 {
+            let id = format!("${seq}");
+            assert_eq!(c.admit(&message(seq, &id)).await.unwrap(), Admission::New);
+        }
+        assert_eq!(
+            c.admit(&message(2, "$2")).await.unwrap(),
+            Admission::Duplicate
+        );
+        let far = message(3 + MAX_SEQ_AHEAD + 1, "$far");
+        assert!(matches!(
+            c.admit(&far).await.unwrap(),
+            Admission::Refused(_)
+        ));
+        // A new id with an old seq is stored; last_seq stays.
+        assert_eq!(c.admit(&message(1, "$late")).await.unwrap(), Admission::New);
+        let mut c = open(&backend);
+        assert_eq!(c.last_seq().await.unwrap(), 3);
+        assert_eq!(c.pending().await.unwrap(), ["$1", "$2", "$3", "$late"]);
+        assert!(
+            c.turn("$far").await.unwrap().is_none(),
+            "refused: not stored"
+        );
+        assert_eq!(
+            c.admit(&message(3, "$3")).await.unwrap(),
+            Admission::Duplicate
+        );
+    });
+}
+
+#[tokio::test]
+async fn a_turn_begins_with_its_history_and_ends_once() {
+    each_backend!(|backend| {
+        let mut c = open(&backend);
+        let last = RECENT_TURNS as u64 + 5;
+        for seq in 1..=last {
+            c.admit(&message(seq, &format!("${seq}"))).await.unwrap();
+        }
+        c.finish(end("$1", "one")).await.unwrap();
+        assert!(c.begin("$1").await.unwrap().is_none(), "finished");
+        let mut c = open(&backend);
+        let (turn, history, room) = c.begin(&format!("${last}")).await.unwrap().unwrap();
+        assert_eq!(turn.text, format!("text {last}"));
+        assert_eq!(room.as_deref(), Some("!r:x"));
+        assert_eq!(history.earlier, last as usize - 1);
+        assert_eq!(history.attachments, last as usize - 1);
+        assert_eq!(history.recent.len(), RECENT_TURNS);
+        assert_eq!(history.recent[RECENT_TURNS - 1].seq, last - 1);
+        let (_, history, _) = c.begin("$2").await.unwrap().unwrap();
+        assert_eq!(history.recent[0].output, "one");
+        assert_eq!(history.recent[0].status, TurnStatus::Completed);
+        let done = c.turn("$1").await.unwrap().unwrap();
+        assert_eq!(
+            (done.status, done.output.as_str()),
+            (TurnStatus::Completed, "one")
+        );
+    });
+}
+
+#[tokio::test]
+async fn what_was_perceived_stays_through_the_end() {
+    each_backend!(|backend| {
+        let mut c = open(&backend);
+        c.admit(&message(1, "$1")).await.unwrap();
+        let path = WorkspacePath::new("chats/c1/a").unwrap();
+        let heard = BTreeMap::from([(
+            path,
+            Perceived::Heard {
+                text: "hello there".into(),
+            },
+        )]);
+        c.perceive("$1", heard.clone()).await.unwrap();
+        assert_eq!(c.pending().await.unwrap(), ["$1"], "still pending");
+        let mut c = open(&backend);
+        assert_eq!(c.begin("$1").await.unwrap().unwrap().0.perceived, heard);
+        c.finish(end("$1", "done")).await.unwrap();
+        let mut c = open(&backend);
+        let turn = c.turn("$1").await.unwrap().unwrap();
+        assert_eq!(turn.perceived, heard, "the end kept it");
+        assert!(c.pending().await.unwrap().is_empty());
+        // An unknown turn is nobody's business.
+        c.finish(end("$nope", "x")).await.unwrap();
+        assert!(c.turn("$nope").await.unwrap().is_none());
+    });
+}
+
+#[tokio::test]
+async fn approvals_are_remembered_per_user() {
+    each_backend!(|backend| {
+        let mut c = open(&backend);
+        let key = ("t".to_owned(), "r".to_owned());
+        assert!(!c.is_always_allowed("@a:x", &key).await.unwrap());
+        c.allow_always("@a:x", key.clone()).await.unwrap();
+        c.allow_always("@a:x", key.clone()).await.unwrap();
+        let mut c = open(&backend);
+        assert!(c.is_always_allowed("@a:x", &key).await.unwrap());
+        assert!(
+            !c.is_always_allowed("@b:x", &key).await.unwrap(),
+            "per user"
+        );
+        let other = ("t".to_owned(), "other".to_owned());
+        assert!(!c.is_always_allowed("@a:x", &other).await.unwrap());
+    });
+}
+
+/// Agents racing with one message store it once (the database decides; a file log has one
+/// owner, whose chat lock orders its admissions).
+#[tokio::test]
+async fn racing_admissions_of_one_message_store_it_once() {
+    let Some(db) = test_database().await else {
+        return;
+    };
+    let backend = Backend::postgres(db);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let mut c = open(&backend);
+            tokio::spawn(async move { c.admit(&message(1, "$same")).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        if t.await.unwrap() == Admission::New {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1);
+    assert_eq!(open(&backend).pending().await.unwrap(), ["$same"]);
+}

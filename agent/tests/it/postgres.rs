@@ -1,0 +1,215 @@
+//! Agents sharing one PostgreSQL database (`MXBRIDGE_TEST_DATABASE_URL`, started by the test
+//! command; each test makes a database of its own): a chat's history, memory and approvals are
+//! wherever the chat goes, one turn runs at a time across agents, a dead agent's lease expires,
+//! and `agent import-state` moves a state directory written by today's file store.
+
+use agent::Config;
+use agent::db::DatabaseConfig;
+use protocol::{ApprovalDecision, Decision, EndStatus, Secret, ToSurface};
+
+use crate::support::*;
+
+/// A fresh database on the test server, or `None` (said on stderr) when there is none.
+async fn scratch() -> Option<String> {
+    let Ok(admin) = std::env::var("MXBRIDGE_TEST_DATABASE_URL") else {
+        eprintln!("MXBRIDGE_TEST_DATABASE_URL is not set: skipping a PostgreSQL test");
+        return None;
+    };
+    let name = format!("it_{:016x}", rand::random::<u64>());
+    Some(agent::db::create_scratch(&admin, &name).await.unwrap())
+}
+
+fn on(url: &str) -> impl FnOnce(&mut Config) + '_ {
+    move |c| {
+        c.database = Some(DatabaseConfig {
+            url: Secret::new(url),
+            pool_size: 8,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chat_finds_its_history_and_memory_on_another_agent() {
+    let Some(url) = scratch().await else { return };
+    let a = TestAgent::start_with(on(&url)).await;
+    let b = TestAgent::start_with(on(&url)).await;
+    {
+        let (mut c, welcome) = a.connect(&chat()).await;
+        assert_eq!(welcome.last_seq, 0);
+        let t = c
+            .turn(message(1, "$p1", "remember I drink green tea"))
+            .await;
+        assert_eq!(t.end().status, EndStatus::Completed, "{}", t.text());
+        c.turn(message(2, "$p2", "hello")).await;
+    }
+    let (mut c, welcome) = b.connect(&chat()).await;
+    assert_eq!(welcome.last_seq, 2, "B knows what A stored");
+    let t = c.turn(message(3, "$p3", "history")).await;
+    assert!(t.text().contains("2 earlier turn(s)"), "{}", t.text());
+    let t = c.turn(message(4, "$p4", "recall")).await;
+    assert!(t.text().contains("green tea"), "{}", t.text());
+    // A resend of a turn A answered is acknowledged as a duplicate and not run again.
+    let ack = c
+        .submit(message(1, "$p1", "remember I drink green tea"))
+        .await;
+    assert!(ack.duplicate);
+    // Nothing went to either state directory.
+    for agent in [&a, &b] {
+        let files: Vec<_> = walk(agent.state.path());
+        assert!(files.is_empty(), "{files:?}");
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+/// A turn queued on two agents at once runs on one of them: the other waits for the chat's
+/// lease and then finds it finished (its stored answer is replayed, no approval asked). Run on
+/// both at once, B would ask for the approval too, and nobody answers it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_queued_on_two_agents_runs_once() {
+    let Some(url) = scratch().await else { return };
+    let a = TestAgent::start_with(on(&url)).await;
+    let b = TestAgent::start_with(on(&url)).await;
+    let (mut ca, _) = a.connect(&chat()).await;
+    ca.submit(message(1, "$s1", "approve deploy")).await;
+    let asked = ca
+        .until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+        .await;
+    let Some(ToSurface::ApprovalRequest(r)) = asked.messages.last() else {
+        unreachable!()
+    };
+    // B connects while A's turn waits for the approval: the turn is pending, so B queues it.
+    // Its acknowledgement of a second message shows B read its pending turns (first thing).
+    let (mut cb, welcome) = b.connect(&chat()).await;
+    assert_eq!(welcome.last_seq, 1);
+    cb.submit(message(2, "$s2", "hello")).await;
+    ca.send(ApprovalDecision {
+        request_id: r.request_id.clone(),
+        decision: Decision::AllowOnce,
+        by: USER.into(),
+    })
+    .await;
+    let on_a = ca.until_end("$s1").await;
+    assert_eq!(on_a.end().status, EndStatus::Completed);
+    let on_b = cb.until_end("$s2").await;
+    let asked_b = on_b
+        .messages
+        .iter()
+        .filter(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+        .count();
+    assert_eq!(asked_b, 0, "B did not run the turn: {:?}", on_b.messages);
+    assert!(
+        on_b.text().contains(&on_a.text()),
+        "B replayed A's answer: {}",
+        on_b.text()
+    );
+}
+
+/// An agent that died holding a chat's lease stops blocking it once the lease expires: the
+/// next agent waits for it, then runs the chat's turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_agents_lease_expires_and_the_turn_runs_elsewhere() {
+    let Some(url) = scratch().await else { return };
+    let b = TestAgent::start_with(on(&url)).await;
+    // B has created the tables once it answers a handshake.
+    let (mut c, _) = b.connect(&chat()).await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .execute(
+            "INSERT INTO chat_leases (chat_id, holder, token, expires_at) \
+             VALUES ($1, 'dead-agent/1/0', 7, now() + interval '4 seconds')",
+            &[&chat().as_str()],
+        )
+        .await
+        .unwrap();
+    let t = c.turn(message(1, "$d1", "hello")).await;
+    assert_eq!(t.end().status, EndStatus::Completed);
+    let row = client
+        .query_opt(
+            "SELECT holder, token FROM chat_leases WHERE chat_id = $1",
+            &[&chat().as_str()],
+        )
+        .await
+        .unwrap();
+    // Given back after the turn (or, if a renewal raced, held by B with a newer token).
+    if let Some(row) = row {
+        assert_ne!(row.get::<_, String>(0), "dead-agent/1/0");
+        assert!(row.get::<_, i64>(1) > 7);
+    }
+}
+
+/// `agent import-state` on a state directory written by the file store of today's agent: the
+/// chats and memory arrive, a second run finds them there, and a chat the database has moved
+/// on with is refused, not overwritten.
+#[tokio::test(flavor = "multi_thread")]
+async fn import_state_moves_a_state_directory_into_the_database() {
+    let Some(url) = scratch().await else { return };
+    let files = TestAgent::start().await;
+    {
+        let (mut c, _) = files.connect(&chat()).await;
+        c.turn(message(1, "$i1", "remember I drink green tea"))
+            .await;
+        c.turn(message(2, "$i2", "hello")).await;
+    }
+    let state = files.state.path().to_owned();
+    let import = |url: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_agent"))
+            .arg("import-state")
+            .env_clear()
+            .env("AGENT_STATE_DIR", &state)
+            .env("AGENT_DATABASE_URL", url)
+            .output()
+            .unwrap()
+    };
+    let out = import(&url);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("chats: 1 imported (2 turns)"), "{stdout}");
+    assert!(
+        stdout.contains("memory: 1 scopes imported (1 facts)"),
+        "{stdout}"
+    );
+    let again = import(&url);
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success(), "{stdout}");
+    assert!(stdout.contains("1 already there"), "{stdout}");
+
+    let pg = TestAgent::start_with(on(&url)).await;
+    let (mut c, welcome) = pg.connect(&chat()).await;
+    assert_eq!(welcome.last_seq, 2);
+    let t = c.turn(message(3, "$i3", "history")).await;
+    assert!(t.text().contains("2 earlier turn(s)"), "{}", t.text());
+    let t = c.turn(message(4, "$i4", "recall")).await;
+    assert!(t.text().contains("green tea"), "{}", t.text());
+
+    // The database moved on: importing the old directory again changes nothing there.
+    let refused = import(&url);
+    let stdout = String::from_utf8_lossy(&refused.stdout);
+    assert!(!refused.status.success(), "{stdout}");
+    assert!(stdout.contains("not imported"), "{stdout}");
+    let t = c.turn(message(5, "$i5", "history")).await;
+    assert!(t.text().contains("4 earlier turn(s)"), "{}", t.text());
+    // The URL's password is in no line the command printed.
+    let password = url.split(':').nth(2).unwrap().split('@').next().unwrap();
+    for out in [&out, &again, &refused] {
+        assert!(!String::from_utf8_lossy(&out.stdout).contains(password));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains(password));
+    }
+}
