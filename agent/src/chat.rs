@@ -11,7 +11,7 @@ use tracing::info;
 
 pub use crate::store::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, Refusal, decide};
 use crate::store::{
-    AnyChat, Backend, Begun, ChatRecord, StoreError, TurnEnd, TurnRecord, TurnStatus,
+    AnyChat, Backend, Begun, ChatRecord, Step, StoreError, TurnEnd, TurnRecord, TurnStatus,
 };
 
 /// All chats this process has seen, loaded lazily from the store.
@@ -163,5 +163,15 @@ impl Chat {
     /// Remembers durably that `user` allowed `(tool, resource)` for good.
     pub async fn allow_always(&self, user: &str, key: (String, String)) -> Result<(), StoreError> {
         self.record.lock().await.allow_always(user, key).await
+    }
+
+    /// The completed steps of pending turn `id`, in order.
+    pub async fn steps(&self, id: &str) -> Result<Vec<Step>, StoreError> {
+        self.record.lock().await.steps(id).await
+    }
+
+    /// Records durably that step `n` of pending turn `id` completed.
+    pub async fn record_step(&self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
+        self.record.lock().await.record_step(id, n, step).await
     }
 }

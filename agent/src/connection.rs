@@ -97,6 +97,11 @@ impl Outbox {
         .await
     }
 
+    /// Whether the connection is gone (nothing sent now reaches the surface).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     /// Asks the writer to send a close frame and stop.
     pub async fn close(&self, reason: CloseReason) {
         let _ = self.tx.send(Out::Close(reason)).await;

@@ -15,6 +15,8 @@
 //! * `turn`: a [`TurnRecord`] as admitted (pending; migrated ones carry how they ended).
 //! * `end`: how turn `id` ended ([`TurnEnd`]); a later one for the same id wins.
 //! * `allow`: a `(tool, resource)` pair the user allowed for good.
+//! * `step`: step `n` of pending turn `turn` completed ([`Step`]); fsynced. Steps of a turn
+//!   that ended are skipped on load.
 //!
 //! Lines are only ever appended, so a crash can only leave the end of the log incomplete:
 //! loading cuts a torn last line off (nothing acknowledged rests on it). An unreadable
@@ -162,6 +164,36 @@ impl TurnRecord {
         self.error = end.error;
         self.perceived = end.perceived;
     }
+}
+
+/// One completed step of a running turn, recorded durably the moment it completes, so that a
+/// turn interrupted by a crash resumes after it instead of doing it again (a `step` line of
+/// the log; a `turn_steps` row). Kept while the turn is pending.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Step {
+    /// A brain's own record of a step (the OpenAI brain: a model response), opaque here.
+    Brain {
+        /// What the brain needs to take the step again without redoing it.
+        data: serde_json::Value,
+    },
+    /// A tool call that completed, with its outcome.
+    Tool {
+        /// The tool's registry name.
+        name: String,
+        /// The arguments as the brain gave them.
+        arguments: String,
+        /// Whether it succeeded.
+        ok: bool,
+        /// Its output, or the error.
+        output: String,
+        /// A file the call delivered to the room.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent_file: Option<WorkspacePath>,
+        /// A picture the call showed the model.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        picture: Option<WorkspacePath>,
+    },
 }
 
 /// How a turn ended: the `end` line of the log.

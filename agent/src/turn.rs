@@ -1,6 +1,13 @@
 //! What a running turn can do: emit text, call tools through the registry (which asks the user
 //! and waits for approvals over the [`Link`]), describe files. Brains only ever talk to the
 //! surface through [`TurnIo`].
+//!
+//! Every step that completes (a tool call with its outcome, a brain's own step such as a model
+//! response) is recorded with the turn before the turn goes on. A turn that runs again after a
+//! crash, here or on another agent, gets its recorded steps back in order: a tool call that
+//! matches the next one is not run again (its recorded outcome is returned, a file it sent is
+//! not sent twice), and a brain takes its recorded steps instead of redoing them. A call that
+//! had started but not completed when the agent died was never recorded, so it runs again.
 
 use std::sync::Arc;
 
@@ -12,6 +19,7 @@ use crate::describe::{FileDescription, describe};
 use crate::link::{Link, new_id};
 use crate::memory::Memory;
 use crate::perceive::Perception;
+use crate::store::Step;
 use crate::tools::{Registry, ToolCx, ToolOutcome, ToolSpec, TurnGrants};
 
 /// What a brain gets to act during one turn.
@@ -28,6 +36,11 @@ pub struct TurnIo {
     grants: TurnGrants,
     output: String,
     sent_files: Vec<WorkspacePath>,
+    /// The turn's steps recorded by an earlier run, and how many of them were taken again.
+    recorded: Vec<Step>,
+    replayed: usize,
+    /// The number the next recorded step gets.
+    next_step: u32,
 }
 
 impl TurnIo {
@@ -52,6 +65,95 @@ impl TurnIo {
             grants: TurnGrants::new(),
             output: String::new(),
             sent_files: Vec::new(),
+            recorded: Vec::new(),
+            replayed: 0,
+            next_step: 0,
+        }
+    }
+
+    /// Resumes after `steps`, recorded by an earlier run of the turn.
+    pub fn resuming(mut self, steps: Vec<Step>) -> Self {
+        self.next_step = u32::try_from(steps.len()).unwrap_or(u32::MAX);
+        self.recorded = steps;
+        self
+    }
+
+    /// The next recorded step if it is a brain's own: the brain takes it instead of redoing
+    /// it. `None` once the recorded steps are used up (or the turn went another way).
+    pub fn replay_brain_step(&mut self) -> Option<serde_json::Value> {
+        match self.recorded.get(self.replayed) {
+            Some(Step::Brain { data }) => {
+                self.replayed += 1;
+                tracing::info!(
+                    step = self.replayed - 1,
+                    "resuming the turn after a recorded step"
+                );
+                Some(data.clone())
+            }
+            Some(_) => {
+                self.diverged();
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Records a brain's own step (see [`TurnIo::replay_brain_step`]).
+    pub async fn record_brain_step(&mut self, data: serde_json::Value) {
+        self.record(Step::Brain { data }).await;
+    }
+
+    /// The turn no longer follows its recorded steps: the rest are not taken.
+    fn diverged(&mut self) {
+        if self.replayed < self.recorded.len() {
+            tracing::warn!(
+                replayed = self.replayed,
+                recorded = self.recorded.len(),
+                "the turn went another way than its recorded steps; running the rest anew"
+            );
+            self.replayed = self.recorded.len();
+        }
+    }
+
+    /// Records a completed step durably; a turn whose step cannot be recorded goes on (it
+    /// would only redo the step if it also crashed), and the failure is logged.
+    async fn record(&mut self, step: Step) {
+        let n = self.next_step;
+        self.next_step = n.saturating_add(1);
+        if let Err(e) = self.link.chat.record_step(&self.turn, n, &step).await {
+            tracing::warn!(error = %e, step = n, "cannot record the turn's step");
+        }
+    }
+
+    /// The recorded outcome of the next step if it is this very tool call.
+    fn replay_tool(&mut self, name: &str, arguments: &str) -> Option<ToolOutcome> {
+        match self.recorded.get(self.replayed) {
+            Some(Step::Tool {
+                name: n,
+                arguments: a,
+                ok,
+                output,
+                sent_file,
+                picture,
+            }) if n == name && a == arguments => {
+                let outcome = ToolOutcome {
+                    ok: *ok,
+                    output: output.clone(),
+                    sent_file: sent_file.clone(),
+                    picture: picture.clone(),
+                };
+                self.replayed += 1;
+                tracing::info!(
+                    tool = name,
+                    "tool call completed before the turn was interrupted; not run again"
+                );
+                Some(outcome)
+            }
+            Some(_) => {
+                self.diverged();
+                None
+            }
+            None => None,
         }
     }
 
@@ -103,8 +205,34 @@ impl TurnIo {
         self.link.emit_text(&self.turn, &text).await
     }
 
-    /// Calls a tool through the registry (policy, approval, reporting included).
+    /// Calls a tool through the registry (policy, approval, reporting included), unless the
+    /// turn's record says this call completed before: then its outcome is returned.
     pub async fn call_tool(&mut self, name: &str, arguments: &str) -> ToolOutcome {
+        if let Some(outcome) = self.replay_tool(name, arguments) {
+            if let Some(path) = &outcome.sent_file {
+                self.sent_files.push(path.clone());
+            }
+            return outcome;
+        }
+        let outcome = self.run_tool(name, arguments).await;
+        if self.link.out.is_closed() {
+            // It may have failed only for want of the surface (an approval, a delivery report):
+            // the turn runs again on the next connection, and so does this call.
+            return outcome;
+        }
+        self.record(Step::Tool {
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+            ok: outcome.ok,
+            output: outcome.output.clone(),
+            sent_file: outcome.sent_file.clone(),
+            picture: outcome.picture.clone(),
+        })
+        .await;
+        outcome
+    }
+
+    async fn run_tool(&mut self, name: &str, arguments: &str) -> ToolOutcome {
         let cx = ToolCx {
             ws: &self.ws,
             turn: &self.turn,

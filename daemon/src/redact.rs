@@ -140,10 +140,25 @@ where
     }
 }
 
-/// Whether `text` mentions a credential (pure).
+/// Whether `text` mentions a credential (pure): a marker, or a URL with a password in it
+/// (`scheme://user:password@host`, as database URLs carry them).
 pub fn mentions_credential(text: &str) -> bool {
     let lower = text.to_ascii_lowercase();
-    MARKERS.iter().any(|m| lower.contains(m))
+    MARKERS.iter().any(|m| lower.contains(m)) || has_url_password(text)
+}
+
+/// Whether some `://` in `text` is followed by `user:password@` before the host ends.
+fn has_url_password(text: &str) -> bool {
+    text.match_indices("://").any(|(at, _)| {
+        let rest = &text[at + 3..];
+        let authority = rest
+            .split(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .next()
+            .unwrap_or_default();
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+    })
 }
 
 #[derive(Default)]
@@ -205,6 +220,24 @@ mod tests {
         assert!(!text.contains("secret123"), "{text}");
         assert!(text.contains("Client handshake initiated."), "{text}");
         assert!(text.contains("starting"), "own events are kept: {text}");
+    }
+
+    #[test]
+    fn urls_with_a_password_count_as_credentials() {
+        let cases = [
+            ("postgres://mxbridge:s3cret@db:5432/x", true),
+            (
+                "connecting to postgresql://u:p@h/db?sslmode=require now",
+                true,
+            ),
+            ("postgres://mxbridge@db/x", false),
+            ("https://example.org:8448/path", false),
+            ("http://[::1]:8080/", false),
+            ("mail me: a@b.c", false),
+        ];
+        for (text, want) in cases {
+            assert_eq!(mentions_credential(text), want, "{text}");
+        }
     }
 
     #[test]

@@ -32,6 +32,7 @@ SECRETS = [
     ("OPENAI_API_KEY", {"agent": "OPENAI_API_KEY"}, False),
     ("TRANSCRIBE_API_KEY", {"agent": "TRANSCRIBE_API_KEY"}, False),
     ("AGENT_MCP_TOKENS", {"agent": "AGENT_MCP_TOKENS"}, False),
+    ("AGENT_DATABASE_URL", {"agent": "AGENT_DATABASE_URL"}, False),
     ("MATRIX_RECOVERY_KEY", {"surface": "MATRIX_RECOVERY_KEY"}, False),
     ("SURFACE_MCP_TOKEN", {"surface": "SURFACE_MCP_TOKEN"}, False),
 ]

@@ -145,26 +145,18 @@ impl OpenAi {
         let mut calls_made = CallsMade::default();
         let rounds = self.config.tuning.max_rounds;
         for round in 0..rounds {
-            debug!(round, "model request");
-            let was_refused = self.images_refused.load(Ordering::Relaxed);
-            let assembled = self.complete(&messages, &tools, io).await?;
-            if !was_refused && self.images_refused.load(Ordering::Relaxed) {
-                // Asked again without them: later rounds do not send them either.
-                vision::strip_images(&mut messages);
-                self.tell_blind(input, io).await?;
-            }
-            if assembled.ending() == Ending::CutOff {
-                // Arguments cut off mid-way are not a call: nothing is run.
-                warn!(
-                    round,
-                    calls = assembled.calls.len(),
-                    "completion cut off by the token limit"
-                );
-                io.say(cut_off_note(assembled.calls.is_empty())).await?;
-                return Ok(());
-            }
-            let calls = with_ids(assembled.calls, round);
-            messages.push(assistant_message(assembled.content, &calls));
+            let (content, calls) = match io.replay_brain_step().and_then(Recorded::parse) {
+                // A response the model gave before the turn was interrupted: not asked again.
+                Some(recorded) => {
+                    io.say(recorded.content.clone()).await?;
+                    (recorded.content, recorded.calls)
+                }
+                None => match self.ask(round, input, &tools, &mut messages, io).await? {
+                    Some(answer) => answer,
+                    None => return Ok(()),
+                },
+            };
+            messages.push(assistant_message(content, &calls));
             if calls.is_empty() {
                 return Ok(());
             }
@@ -181,6 +173,43 @@ impl OpenAi {
         Err(BrainError::Stopped(format!(
             "the model was still calling tools after {rounds} rounds, so I stopped it"
         )))
+    }
+
+    /// Asks the model for round `round`'s response and records it with the turn when it calls
+    /// tools (so a resumed turn does not ask again); `None` when the turn ends here (the
+    /// response was cut off by the token limit, and the room was told).
+    async fn ask(
+        &self,
+        round: usize,
+        input: &TurnInput,
+        tools: &[Value],
+        messages: &mut Vec<Value>,
+        io: &mut TurnIo,
+    ) -> Result<Option<(String, Vec<PendingCall>)>, BrainError> {
+        debug!(round, "model request");
+        let was_refused = self.images_refused.load(Ordering::Relaxed);
+        let assembled = self.complete(messages, tools, io).await?;
+        if !was_refused && self.images_refused.load(Ordering::Relaxed) {
+            // Asked again without them: later rounds do not send them either.
+            vision::strip_images(messages);
+            self.tell_blind(input, io).await?;
+        }
+        if assembled.ending() == Ending::CutOff {
+            // Arguments cut off mid-way are not a call: nothing is run.
+            warn!(
+                round,
+                calls = assembled.calls.len(),
+                "completion cut off by the token limit"
+            );
+            io.say(cut_off_note(assembled.calls.is_empty())).await?;
+            return Ok(None);
+        }
+        let calls = with_ids(assembled.calls, round);
+        if !calls.is_empty() {
+            io.record_brain_step(Recorded::data(&assembled.content, &calls))
+                .await;
+        }
+        Ok(Some((assembled.content, calls)))
     }
 
     /// Runs the round's `calls` in order and adds their results to `messages`; pictures a
@@ -422,5 +451,47 @@ impl CallsMade {
         let args: Value = serde_json::from_str(&call.arguments)
             .unwrap_or_else(|_| Value::String(call.arguments.clone()));
         (call.name.clone(), args.to_string())
+    }
+}
+
+/// A model response recorded with its turn: its text and its tool calls.
+struct Recorded {
+    content: String,
+    calls: Vec<PendingCall>,
+}
+
+impl Recorded {
+    fn data(content: &str, calls: &[PendingCall]) -> Value {
+        json!({
+            "model_response": {
+                "content": content,
+                "calls": calls
+                    .iter()
+                    .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+                    .collect::<Vec<_>>(),
+            }
+        })
+    }
+
+    /// The response in `data`; `None` if it is not one (another brain's step).
+    fn parse(data: Value) -> Option<Self> {
+        let r = data.get("model_response")?;
+        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        let calls = r
+            .get("calls")?
+            .as_array()?
+            .iter()
+            .map(|c| {
+                Some(PendingCall {
+                    id: text(c, "id")?,
+                    name: text(c, "name")?,
+                    arguments: text(c, "arguments")?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            content: text(r, "content")?,
+            calls,
+        })
     }
 }

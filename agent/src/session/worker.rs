@@ -136,6 +136,9 @@ async fn run_turn(
             return;
         }
     };
+    let Some(steps) = recorded_steps(chat, id).await else {
+        return;
+    };
     let waited = queued.started();
     info!(
         seq = turn.seq,
@@ -164,7 +167,8 @@ async fn run_turn(
         app.perception.clone(),
         id.to_owned(),
         turn.sender.user_id.clone(),
-    );
+    )
+    .resuming(steps);
     let input = TurnInput {
         chat_id: chat.id.clone(),
         turn,
@@ -181,6 +185,26 @@ async fn run_turn(
         return;
     }
     finish(chat, link, id, result, io, started).await;
+}
+
+/// The steps an earlier run of turn `id` completed; `None` if they cannot be read (the turn
+/// stays pending and runs on the next connection).
+async fn recorded_steps(chat: &Chat, id: &str) -> Option<Vec<crate::store::Step>> {
+    match chat.steps(id).await {
+        Ok(steps) => {
+            if !steps.is_empty() {
+                info!(
+                    steps = steps.len(),
+                    "the turn was interrupted; it resumes after its recorded steps"
+                );
+            }
+            Some(steps)
+        }
+        Err(e) => {
+            error!(error = %e, "cannot read the turn's recorded steps");
+            None
+        }
+    }
 }
 
 /// Runs the brain on `input` until it ends or `cancel` fires (`None`); a turn cancelled while

@@ -7,7 +7,7 @@ use protocol::{UserMessage, WorkspacePath};
 use super::admission::Admission;
 use super::pg::PgChat;
 use super::record::{Begun, ChatRecord};
-use super::{ChatLog, Perceived, StoreError, TurnEnd, TurnRecord};
+use super::{ChatLog, Perceived, Step, StoreError, TurnEnd, TurnRecord};
 
 /// A chat's record in whichever backend the agent was configured with.
 #[derive(Debug)]
@@ -72,5 +72,13 @@ impl ChatRecord for AnyChat {
 
     async fn allow_always(&mut self, user: &str, key: (String, String)) -> Result<(), StoreError> {
         forward!(self.allow_always(user, key))
+    }
+
+    async fn steps(&mut self, id: &str) -> Result<Vec<Step>, StoreError> {
+        forward!(self.steps(id))
+    }
+
+    async fn record_step(&mut self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
+        forward!(self.record_step(id, n, step))
     }
 }

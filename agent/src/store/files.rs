@@ -7,7 +7,7 @@ use protocol::{UserMessage, WorkspacePath};
 
 use super::admission::{Admission, decide, warn_out_of_line};
 use super::record::{Begun, ChatRecord};
-use super::{ChatLog, Perceived, StoreError, TurnEnd, TurnRecord};
+use super::{ChatLog, Perceived, Step, StoreError, TurnEnd, TurnRecord};
 
 impl ChatRecord for ChatLog {
     async fn admit(&mut self, msg: &UserMessage) -> Result<Admission, StoreError> {
@@ -63,5 +63,13 @@ impl ChatRecord for ChatLog {
 
     async fn allow_always(&mut self, user: &str, key: (String, String)) -> Result<(), StoreError> {
         ChatLog::allow_always(self, user, key).await
+    }
+
+    async fn steps(&mut self, id: &str) -> Result<Vec<Step>, StoreError> {
+        ChatLog::steps(self, id).await
+    }
+
+    async fn record_step(&mut self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
+        ChatLog::record_step(self, id, n, step).await
     }
 }

@@ -27,6 +27,12 @@ pub(super) enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
     },
+    /// Step `n` of pending turn `turn` completed.
+    Step {
+        turn: String,
+        n: u32,
+        step: Step,
+    },
 }
 
 /// A line as loading reads it: the texts are skipped, not kept.
@@ -59,6 +65,10 @@ pub(super) enum Probe {
         resource: String,
         #[serde(default)]
         user: Option<String>,
+    },
+    Step {
+        turn: String,
+        n: u32,
     },
 }
 

@@ -40,6 +40,8 @@ pub struct ChatLog {
     pub(super) collided: HashMap<String, u32>,
     /// Unfinished turns by index in `turns` → id.
     pending: BTreeMap<u32, String>,
+    /// Completed steps of unfinished turns, by index in `turns`: `(n, offset)` in order.
+    steps: HashMap<u32, Vec<(u32, u64)>>,
     /// Attachments of all turns.
     attachments: u64,
     room_id: Option<String>,
@@ -83,6 +85,7 @@ impl ChatLog {
             by_hash: HashMap::new(),
             collided: HashMap::new(),
             pending: BTreeMap::new(),
+            steps: HashMap::new(),
             attachments: 0,
             room_id: None,
             thread_root: None,
@@ -191,7 +194,15 @@ impl ChatLog {
                         self.pending.insert(i, id);
                     } else {
                         self.pending.remove(&i);
+                        self.steps.remove(&i);
                     }
+                }
+            }
+            Probe::Step { turn, n } => {
+                if let Some(i) = self.locate_stored(&turn)
+                    && self.pending.contains_key(&i)
+                {
+                    self.index_step(i, n, at);
                 }
             }
             Probe::Allow {
@@ -454,7 +465,60 @@ impl ChatLog {
             self.pending.insert(i, id);
         } else {
             self.pending.remove(&i);
+            self.steps.remove(&i);
         }
+        Ok(())
+    }
+
+    /// Notes step `n` of turn `i` at offset `at`, unless `n` is known (the first one counts).
+    fn index_step(&mut self, i: u32, n: u32, at: u64) {
+        let steps = self.steps.entry(i).or_default();
+        if !steps.iter().any(|&(m, _)| m == n) {
+            steps.push((n, at));
+        }
+    }
+
+    /// The completed steps of pending turn `id`, in the order of their numbers.
+    pub async fn steps(&self, id: &str) -> Result<Vec<Step>, StoreError> {
+        let Some(i) = self.locate(id).await? else {
+            return Ok(Vec::new());
+        };
+        let mut at = self.steps.get(&i).cloned().unwrap_or_default();
+        if at.is_empty() {
+            return Ok(Vec::new());
+        }
+        at.sort_unstable();
+        self.read(move |file| {
+            at.iter()
+                .map(|&(_, offset)| match read_entry(file, offset)? {
+                    Entry::Step { step, .. } => Ok(step),
+                    _ => Err(unexpected(offset)),
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Records durably that step `n` of pending turn `id` completed (nothing happens for a
+    /// turn that is not pending, or a step already recorded).
+    pub async fn record_step(&mut self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
+        let Some(i) = self.locate(id).await? else {
+            return Ok(());
+        };
+        let known = self
+            .steps
+            .get(&i)
+            .is_some_and(|s| s.iter().any(|&(m, _)| m == n));
+        if !self.pending.contains_key(&i) || known {
+            return Ok(());
+        }
+        let entry = Entry::Step {
+            turn: id.to_owned(),
+            n,
+            step: step.clone(),
+        };
+        let offsets = self.append(&[entry], true).await?;
+        self.index_step(i, n, offsets[0]);
         Ok(())
     }
 

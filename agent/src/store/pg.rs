@@ -14,7 +14,7 @@ use tokio_postgres::types::Json;
 
 use super::admission::{Admission, decide, warn_out_of_line};
 use super::record::{Begun, ChatRecord};
-use super::{History, Perceived, RECENT_TURNS, StoreError, TurnEnd, TurnRecord, TurnStatus};
+use super::{History, Perceived, RECENT_TURNS, Step, StoreError, TurnEnd, TurnRecord, TurnStatus};
 use crate::db::{Database, DbError, Imported, describe};
 
 /// The chats of a database. Cheap to clone.
@@ -127,6 +127,14 @@ impl PgChat {
         )
         .await
         .map_err(db_error)?;
+        if end.status != TurnStatus::Pending {
+            tx.execute(
+                "DELETE FROM turn_steps WHERE chat_id = $1 AND turn_id = $2",
+                &[&self.chat_id, &end.id],
+            )
+            .await
+            .map_err(db_error)?;
+        }
         tx.commit().await.map_err(db_error)
     }
 }
@@ -316,6 +324,50 @@ impl ChatRecord for PgChat {
                 "INSERT INTO approvals (chat_id, user_id, tool, resource) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                 &[&self.chat_id, &user, &key.0, &key.1],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(())
+    }
+
+    async fn steps(&mut self, id: &str) -> Result<Vec<Step>, StoreError> {
+        let client = self.db.get().await?;
+        let rows = client
+            .query(
+                "SELECT s.step FROM turn_steps s JOIN turns t \
+                 ON t.chat_id = s.chat_id AND t.id = s.turn_id \
+                 WHERE s.chat_id = $1 AND s.turn_id = $2 AND t.status = 'pending' ORDER BY s.n",
+                &[&self.chat_id, &id],
+            )
+            .await
+            .map_err(db_error)?;
+        rows.iter()
+            .map(|r| {
+                r.try_get::<_, Json<Step>>(0).map(|Json(s)| s).map_err(|e| {
+                    StoreError::Database(format!(
+                        "unreadable step of turn {id} in chat {}: {}",
+                        self.chat_id,
+                        describe(&e)
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    async fn record_step(&mut self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
+        let client = self.db.get().await?;
+        client
+            .execute(
+                "INSERT INTO turn_steps (chat_id, turn_id, n, step) \
+                 SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM turns \
+                 WHERE chat_id = $1 AND id = $2 AND status = 'pending') \
+                 ON CONFLICT DO NOTHING",
+                &[
+                    &self.chat_id,
+                    &id,
+                    &i32::try_from(n).unwrap_or(i32::MAX),
+                    &Json(step),
+                ],
             )
             .await
             .map_err(db_error)?;

@@ -11,7 +11,7 @@ use std::future::Future;
 use protocol::{UserMessage, WorkspacePath};
 
 use super::admission::Admission;
-use super::{History, Perceived, StoreError, TurnEnd, TurnRecord};
+use super::{History, Perceived, Step, StoreError, TurnEnd, TurnRecord};
 
 /// A pending turn as a brain gets it: the turn, what came before it, and the chat's room.
 pub type Begun = (TurnRecord, History, Option<String>);
@@ -65,5 +65,17 @@ pub trait ChatRecord: Send {
         &mut self,
         user: &str,
         key: (String, String),
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The completed steps of pending turn `id`, in order (none once it ended).
+    fn steps(&mut self, id: &str) -> impl Future<Output = Result<Vec<Step>, StoreError>> + Send;
+
+    /// Records durably that step `n` (counted from 0) of pending turn `id` completed; a step
+    /// already recorded under `n` is kept (the first record counts).
+    fn record_step(
+        &mut self,
+        id: &str,
+        n: u32,
+        step: &Step,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

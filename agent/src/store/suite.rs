@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use protocol::{ChatId, Sender, UserMessage, WorkspacePath};
 
 use super::admission::{Admission, MAX_SEQ_AHEAD};
-use super::{AnyChat, Backend, ChatRecord, Perceived, RECENT_TURNS, Store, TurnEnd, TurnStatus};
+use super::{
+    AnyChat, Backend, ChatRecord, Perceived, RECENT_TURNS, Step, Store, TurnEnd, TurnStatus,
+};
 use crate::db::test_database;
 
 /// A backend of each kind (the file one in `dir`); PostgreSQL only when there is a test server.
@@ -197,4 +199,39 @@ async fn racing_admissions_of_one_message_store_it_once() {
     }
     assert_eq!(new, 1);
     assert_eq!(open(&backend).pending().await.unwrap(), ["$same"]);
+}
+
+#[tokio::test]
+async fn a_pending_turns_steps_are_kept_until_it_ends() {
+    each_backend!(|backend| {
+        let mut c = open(&backend);
+        c.admit(&message(1, "$1")).await.unwrap();
+        c.admit(&message(2, "$2")).await.unwrap();
+        let brain = Step::Brain {
+            data: serde_json::json!({"model_response": {"content": "hi", "calls": []}}),
+        };
+        let tool = Step::Tool {
+            name: "write_file".into(),
+            arguments: "{}".into(),
+            ok: true,
+            output: "wrote 4 bytes".into(),
+            sent_file: None,
+            picture: None,
+        };
+        c.record_step("$1", 0, &brain).await.unwrap();
+        c.record_step("$1", 1, &tool).await.unwrap();
+        // The first record of a step counts; an unknown turn has none.
+        c.record_step("$1", 1, &brain).await.unwrap();
+        c.record_step("$nope", 0, &brain).await.unwrap();
+        let mut c = open(&backend);
+        assert_eq!(c.steps("$1").await.unwrap(), [brain.clone(), tool.clone()]);
+        assert!(c.steps("$2").await.unwrap().is_empty());
+        assert!(c.steps("$nope").await.unwrap().is_empty());
+        c.finish(end("$1", "done")).await.unwrap();
+        assert!(c.steps("$1").await.unwrap().is_empty(), "gone with its end");
+        // An ended turn takes no more steps.
+        c.record_step("$1", 2, &tool).await.unwrap();
+        let mut c = open(&backend);
+        assert!(c.steps("$1").await.unwrap().is_empty());
+    });
 }

@@ -21,6 +21,7 @@ mod pdf;
 mod persistence;
 mod postgres;
 mod replay;
+mod resume;
 mod support;
 mod turns;
 mod vision;
