@@ -183,7 +183,7 @@ impl OpenAi {
         round: usize,
         input: &TurnInput,
         tools: &[Value],
-        messages: &mut Vec<Value>,
+        messages: &mut [Value],
         io: &mut TurnIo,
     ) -> Result<Option<(String, Vec<PendingCall>)>, BrainError> {
         debug!(round, "model request");
