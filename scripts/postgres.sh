@@ -31,6 +31,16 @@ install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null
 }
 
+# Runs pg_ctl without the caller's other open files: the server it starts lives on, and must not
+# keep a caller's pipe or lock open (a `flock` around the tests, a reader waiting for EOF).
+pg_ctl_clean() (
+  for fd in /proc/$BASHPID/fd/*; do
+    fd="${fd##*/}"
+    [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+  done
+  as_owner "$(bindir)/pg_ctl" "$@" </dev/null
+)
+
 # Runs a command as the cluster's owner: ourselves, or `postgres` when we are root.
 as_owner() {
   if [ "$(id -u)" = 0 ]; then
@@ -62,7 +72,7 @@ fsync = on
 log_min_messages = warning
 CONF
   fi
-  as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null ||
+  pg_ctl_clean -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null ||
     { cat "$dir/server.log" >&2; exit 1; }
   log "running on 127.0.0.1:$port (data in $dir/data)"
   echo "export MXBRIDGE_TEST_DATABASE_URL='postgres://mxbridge:$(cat "$dir/password")@127.0.0.1:$port/postgres?sslmode=disable'"
@@ -77,9 +87,8 @@ stop() {
 }
 
 restart() {
-  local dir="$1" bin
-  bin="$(bindir)"
-  as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
+  local dir="$1"
+  pg_ctl_clean -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
 }
 
 case "${1:-}" in

@@ -11,6 +11,7 @@ pub mod check;
 pub mod e2ee;
 pub mod keyproxy;
 pub mod matrix;
+pub mod postgres;
 pub mod procs;
 pub mod synapse;
 

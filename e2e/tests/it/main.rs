@@ -27,6 +27,7 @@ mod offline;
 mod operations;
 mod outages;
 mod perceive;
+mod pg_failover;
 mod progress;
 mod recovery;
 mod scale_out;
