@@ -10,6 +10,7 @@
 #   scripts/bench.sh --runs 3 --only latency,inbound   # a focused experiment: those phases only
 #   MXBRIDGE_BENCH_SYNAPSE_CPUS=0 scripts/bench.sh      # Synapse's threads on core 0 only
 #   scripts/bench.sh --only perceive                   # a 12-MP photo for a vision model vs ImageMagick
+#   scripts/bench.sh --only state                      # agent state: file store vs PostgreSQL
 #
 # With the defaults it takes about 9 minutes on a 2-core machine (3 runs of 3 minutes: 45 s of
 # reply latency, mostly the paced series' pauses, 45 s of throughput, 85 s moving 1 GiB files
@@ -38,7 +39,12 @@ cargo build --release --workspace --locked --features surface/latency
 
 SYN_DIR="$(mktemp -d /tmp/mxbridge-bench-synapse.XXXXXX)"
 SYN_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-trap '"$repo/scripts/synapse.sh" stop "$SYN_DIR"; rm -rf "$SYN_DIR"' EXIT
+# PostgreSQL for the agent-state phase (the file store next to PostgreSQL with 1 and 3 agents).
+"$repo/scripts/postgres.sh" install
+PG_DIR="$(mktemp -d /tmp/mxbridge-bench-postgres.XXXXXX)"
+PG_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+trap '"$repo/scripts/synapse.sh" stop "$SYN_DIR"; rm -rf "$SYN_DIR"; "$repo/scripts/postgres.sh" stop "$PG_DIR"; rm -rf "$PG_DIR"' EXIT
+eval "$("$repo/scripts/postgres.sh" start "$PG_DIR" "$PG_PORT")"
 export SYNAPSE_MAX_UPLOAD_SIZE="${SYNAPSE_MAX_UPLOAD_SIZE:-8G}"
 eval "$(scripts/synapse.sh start "$SYN_DIR" "$SYN_PORT")"
 # MXBRIDGE_BENCH_SYNAPSE_CPUS (e.g. `0`): every Synapse thread on these cores only, as a

@@ -11,7 +11,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 use tracing::info;
 
 use protocol::Secret;
@@ -78,6 +82,11 @@ pub enum Imported {
 #[derive(Clone)]
 pub struct Database {
     pool: Pool,
+    /// Connections whose commits do not wait for the disk (`synchronous_commit = off`), for
+    /// writes a crash of the database server may lose without breaking a promise: how a turn
+    /// ended (it runs again from its recorded steps, as with the file store, whose `end` lines
+    /// are not fsynced) and leases (renewed, and fenced by their token).
+    relaxed: Pool,
 }
 
 impl std::fmt::Debug for Database {
@@ -112,22 +121,22 @@ impl Database {
     pub fn connect(config: &DatabaseConfig) -> Result<Self, DbError> {
         let pg =
             tokio_postgres::Config::from_str(config.url.expose()).map_err(|_| DbError::BadUrl)?;
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config()?);
-        let manager = Manager::from_config(
-            pg,
-            tls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(CHECKOUT_TIMEOUT))
-            .create_timeout(Some(CHECKOUT_TIMEOUT))
-            .build()
-            .map_err(|e| DbError::Connect(e.to_string()))?;
-        Ok(Self { pool })
+        let mut relaxed = pg.clone();
+        relaxed.options("-c synchronous_commit=off");
+        // A quarter of the connections (at least one) for the relaxed writes.
+        let relaxed_size = (config.pool_size / 4).max(1);
+        Ok(Self {
+            pool: pool(pg, config.pool_size)?,
+            relaxed: pool(relaxed, relaxed_size)?,
+        })
+    }
+
+    /// A connection whose commits do not wait for the disk (see [`Database`]).
+    pub async fn get_relaxed(&self) -> Result<Object, DbError> {
+        self.relaxed
+            .get()
+            .await
+            .map_err(|e| DbError::Connect(e.to_string()))
     }
 
     /// A connection from the pool.
@@ -196,6 +205,66 @@ impl Database {
         }
         Ok(())
     }
+}
+
+/// Runs `sql` as a statement prepared once per connection (deadpool's statement cache): one
+/// round trip per query instead of two (prepare, then execute).
+pub async fn query<C: GenericClient>(
+    c: &C,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query(&stmt, params).await
+}
+
+/// [`query`] for exactly one row.
+pub async fn query_one<C: GenericClient>(
+    c: &C,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Row, tokio_postgres::Error> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query_one(&stmt, params).await
+}
+
+/// [`query`] for at most one row.
+pub async fn query_opt<C: GenericClient>(
+    c: &C,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<Row>, tokio_postgres::Error> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.query_opt(&stmt, params).await
+}
+
+/// [`query`] for a statement without rows; how many rows it changed.
+pub async fn execute<C: GenericClient>(
+    c: &C,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64, tokio_postgres::Error> {
+    let stmt = c.prepare_cached(sql).await?;
+    c.execute(&stmt, params).await
+}
+
+/// A pool of at most `size` connections configured by `pg`.
+fn pool(pg: tokio_postgres::Config, size: usize) -> Result<Pool, DbError> {
+    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config()?);
+    let manager = Manager::from_config(
+        pg,
+        tls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(CHECKOUT_TIMEOUT))
+        .create_timeout(Some(CHECKOUT_TIMEOUT))
+        .build()
+        .map_err(|e| DbError::Connect(e.to_string()))
 }
 
 /// A database error as a [`DbError`] (its text names the server's complaint, never the URL).

@@ -123,19 +123,19 @@ impl Leases {
 
     /// Takes the lease if it is free, expired or already this process's; its new token.
     async fn try_take(&self, db: &Database, chat: &ChatId) -> Result<Option<i64>, String> {
-        let client = db.get().await.map_err(|e| e.to_string())?;
-        let row = client
-            .query_opt(
-                "INSERT INTO chat_leases AS l (chat_id, holder, token, expires_at) \
+        let client = db.get_relaxed().await.map_err(|e| e.to_string())?;
+        let row = crate::db::query_opt(
+            &client,
+            "INSERT INTO chat_leases AS l (chat_id, holder, token, expires_at) \
                  VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
                  ON CONFLICT (chat_id) DO UPDATE SET holder = EXCLUDED.holder, \
                  token = l.token + 1, expires_at = EXCLUDED.expires_at \
                  WHERE l.expires_at < now() OR l.holder = EXCLUDED.holder \
                  RETURNING token",
-                &[&chat.as_str(), &self.holder, &TTL.as_secs_f64()],
-            )
-            .await
-            .map_err(|e| describe(&e))?;
+            &[&chat.as_str(), &self.holder, &TTL.as_secs_f64()],
+        )
+        .await
+        .map_err(|e| describe(&e))?;
         Ok(row.map(|r| r.get(0)))
     }
 }
@@ -149,15 +149,15 @@ async fn renew(db: Database, chat: String, holder: String, token: i64, lost: Can
             _ = lost.cancelled() => break,
             _ = tokio::time::sleep(RENEW_EVERY) => {}
         }
-        let result = match db.get().await {
-            Ok(client) => client
-                .execute(
-                    "UPDATE chat_leases SET expires_at = now() + make_interval(secs => $4) \
+        let result = match db.get_relaxed().await {
+            Ok(client) => crate::db::execute(
+                &client,
+                "UPDATE chat_leases SET expires_at = now() + make_interval(secs => $4) \
                      WHERE chat_id = $1 AND holder = $2 AND token = $3",
-                    &[&chat, &holder, &token, &TTL.as_secs_f64()],
-                )
-                .await
-                .map_err(|e| describe(&e)),
+                &[&chat, &holder, &token, &TTL.as_secs_f64()],
+            )
+            .await
+            .map_err(|e| describe(&e)),
             Err(e) => Err(e.to_string()),
         };
         match result {
@@ -182,15 +182,15 @@ async fn renew(db: Database, chat: String, holder: String, token: i64, lost: Can
 
 /// Gives the lease back so the next turn, here or elsewhere, need not wait for it to expire.
 async fn give_back(db: &Database, chat: &str, holder: &str, token: i64) {
-    let result = match db.get().await {
-        Ok(client) => client
-            .execute(
-                "DELETE FROM chat_leases WHERE chat_id = $1 AND holder = $2 AND token = $3",
-                &[&chat, &holder, &token],
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| describe(&e)),
+    let result = match db.get_relaxed().await {
+        Ok(client) => crate::db::execute(
+            &client,
+            "DELETE FROM chat_leases WHERE chat_id = $1 AND holder = $2 AND token = $3",
+            &[&chat, &holder, &token],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| describe(&e)),
         Err(e) => Err(e.to_string()),
     };
     if let Err(e) = result {

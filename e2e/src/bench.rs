@@ -17,6 +17,7 @@ pub mod perceive;
 mod report;
 mod rss;
 mod setup;
+mod state;
 mod stats;
 mod transfer;
 
@@ -90,6 +91,9 @@ pub enum Phase {
     Perceive,
     /// Voice messages to their transcript: the bridge's own time.
     Hear,
+    /// The agent's state in PostgreSQL next to the file store: admission to `ack`, turns per
+    /// second with one and three agents (needs `MXBRIDGE_TEST_DATABASE_URL`).
+    State,
 }
 
 /// What one benchmark measures, after `--smoke` and the defaults.
@@ -149,6 +153,7 @@ impl Sizes {
                     Phase::Outbound,
                     Phase::Perceive,
                     Phase::Hear,
+                    Phase::State,
                 ]
             } else {
                 args.only.clone()
@@ -241,7 +246,24 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
         ));
         out.extend(perceive::measure(w, h)?);
     }
-    if sizes.phases.iter().all(|p| *p == Phase::Perceive) {
+    if wants(Phase::State) {
+        match std::env::var("MXBRIDGE_TEST_DATABASE_URL") {
+            Ok(admin) => {
+                let (chats, per_chat) = if sizes.smoke { (4, 10) } else { (12, 50) };
+                note(&format!(
+                    "agent state: {chats} chats x {per_chat} turns on the file store, \
+                     PostgreSQL with 1 agent and with 3"
+                ));
+                out.extend(state::measure(&admin, chats, per_chat).await?);
+            }
+            Err(_) => note("agent state: skipped, MXBRIDGE_TEST_DATABASE_URL is not set"),
+        }
+    }
+    if sizes
+        .phases
+        .iter()
+        .all(|p| matches!(p, Phase::Perceive | Phase::State))
+    {
         return Ok(out);
     }
     note("starting agent, surface, users, echo bot");
@@ -348,7 +370,7 @@ mod tests {
         assert_eq!((mixed.runs, mixed.size_mib, mixed.messages), (2, 64, 10));
         let zero = Sizes::resolve(&Args::parse_from(["bench", "--rooms", "0"]));
         assert_eq!(zero.rooms, 1, "at least one of everything");
-        assert_eq!(zero.phases.len(), 6, "every phase by default");
+        assert_eq!(zero.phases.len(), 7, "every phase by default");
         let only = Sizes::resolve(&Args::parse_from([
             "bench",
             "--only",

@@ -48,7 +48,7 @@ pub struct Child {
 }
 
 impl Child {
-    fn spawn(
+    pub(crate) fn spawn(
         name: &str,
         program: PathBuf,
         env: BTreeMap<String, String>,
@@ -439,7 +439,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
     }
 }
 
-async fn wait_healthy(child: &Child, url: &str) {
+pub(crate) async fn wait_healthy(child: &Child, url: &str) {
     let http = reqwest::Client::new();
     let ok = tokio::time::timeout(Duration::from_secs(120), async {
         loop {

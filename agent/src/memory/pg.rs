@@ -55,21 +55,22 @@ impl PgMemory {
         let kind = kind_name(scope.kind());
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db_error)?;
-        tx.execute(
+        crate::db::execute(
+            &tx,
             "INSERT INTO memory_scopes (kind, owner, next_n) VALUES ($1, $2, 1) \
              ON CONFLICT DO NOTHING",
             &[&kind, &scope.id()],
         )
         .await
         .map_err(db_error)?;
-        let next: i64 = tx
-            .query_one(
-                "SELECT next_n FROM memory_scopes WHERE kind = $1 AND owner = $2 FOR UPDATE",
-                &[&kind, &scope.id()],
-            )
-            .await
-            .map_err(db_error)?
-            .get(0);
+        let next: i64 = crate::db::query_one(
+            &tx,
+            "SELECT next_n FROM memory_scopes WHERE kind = $1 AND owner = $2 FOR UPDATE",
+            &[&kind, &scope.id()],
+        )
+        .await
+        .map_err(db_error)?
+        .get(0);
         let facts = facts_in(&tx, scope).await?;
         if let Some(f) = facts.iter().find(|f| f.text == text) {
             return Ok(Remembered::Already(f.id.clone()));
@@ -84,13 +85,14 @@ impl PgMemory {
             .unwrap_or(0);
         let n = next.max(i64::try_from(highest).unwrap_or(i64::MAX).saturating_add(1));
         let now = i64::try_from(daemon::now_ms()).unwrap_or(i64::MAX);
-        tx.execute(
+        crate::db::execute(&tx,
             "INSERT INTO memory_facts (kind, owner, n, text, created_ms) VALUES ($1, $2, $3, $4, $5)",
             &[&kind, &scope.id(), &n, &text, &now],
         )
         .await
         .map_err(db_error)?;
-        tx.execute(
+        crate::db::execute(
+            &tx,
             "UPDATE memory_scopes SET next_n = $3 WHERE kind = $1 AND owner = $2",
             &[&kind, &scope.id(), &n.saturating_add(1)],
         )
@@ -107,15 +109,15 @@ impl PgMemory {
         };
         let n = i64::try_from(n).map_err(|_| unknown_id(id))?;
         let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "DELETE FROM memory_facts WHERE kind = $1 AND owner = $2 AND n = $3 \
+        let row = crate::db::query_opt(
+            &client,
+            "DELETE FROM memory_facts WHERE kind = $1 AND owner = $2 AND n = $3 \
                  RETURNING text, created_ms",
-                &[&kind_name(scope.kind()), &scope.id(), &n],
-            )
-            .await
-            .map_err(db_error)?
-            .ok_or_else(|| unknown_id(id))?;
+            &[&kind_name(scope.kind()), &scope.id(), &n],
+        )
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| unknown_id(id))?;
         Ok(Fact {
             id: id.to_owned(),
             text: row.get(0),
@@ -125,14 +127,14 @@ impl PgMemory {
 }
 
 async fn facts_in(client: &impl GenericClient, scope: &Scope) -> Result<Vec<Fact>, MemoryError> {
-    let rows = client
-        .query(
-            "SELECT n, text, created_ms FROM memory_facts WHERE kind = $1 AND owner = $2 \
+    let rows = crate::db::query(
+        client,
+        "SELECT n, text, created_ms FROM memory_facts WHERE kind = $1 AND owner = $2 \
              ORDER BY n",
-            &[&kind_name(scope.kind()), &scope.id()],
-        )
-        .await
-        .map_err(db_error)?;
+        &[&kind_name(scope.kind()), &scope.id()],
+    )
+    .await
+    .map_err(db_error)?;
     Ok(rows
         .iter()
         .map(|r| Fact {
@@ -156,14 +158,14 @@ impl PgMemory {
         let kind = kind_name(scope.kind());
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db_error)?;
-        let inserted = tx
-            .execute(
-                "INSERT INTO memory_scopes (kind, owner, next_n) VALUES ($1, $2, $3) \
+        let inserted = crate::db::execute(
+            &tx,
+            "INSERT INTO memory_scopes (kind, owner, next_n) VALUES ($1, $2, $3) \
                  ON CONFLICT DO NOTHING",
-                &[&kind, &scope.id(), &i64::try_from(next).unwrap_or(i64::MAX)],
-            )
-            .await
-            .map_err(db_error)?;
+            &[&kind, &scope.id(), &i64::try_from(next).unwrap_or(i64::MAX)],
+        )
+        .await
+        .map_err(db_error)?;
         if inserted == 0 {
             let held = facts_in(&tx, scope).await?;
             return Ok(if held == facts {
@@ -185,7 +187,7 @@ impl PgMemory {
                     fact.id
                 )));
             };
-            tx.execute(
+            crate::db::execute(&tx,
                 "INSERT INTO memory_facts (kind, owner, n, text, created_ms) VALUES ($1, $2, $3, $4, $5)",
                 &[
                     &kind,

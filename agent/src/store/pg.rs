@@ -86,28 +86,34 @@ fn turn_of(row: &Row, chat: &str) -> Result<TurnRecord, StoreError> {
 impl PgChat {
     /// Makes sure the chat has its row (turns and approvals refer to it).
     async fn ensure_row(&self, client: &impl GenericClient) -> Result<(), StoreError> {
-        client
-            .execute(
-                "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT DO NOTHING",
-                &[&self.chat_id],
-            )
-            .await
-            .map_err(db_error)?;
+        crate::db::execute(
+            client,
+            "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&self.chat_id],
+        )
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 
     /// Writes `end` over the turn's last end, keeping what was perceived when `end` says
     /// nothing of it; nothing happens for an unknown id.
-    async fn end(&self, mut end: TurnEnd) -> Result<(), StoreError> {
-        let mut client = self.db.get().await?;
+    /// `durable`: the commit waits for the disk (what was perceived); otherwise not (how a turn
+    /// ended: lost in a crash of the database server, the turn runs again from its steps).
+    async fn end(&self, mut end: TurnEnd, durable: bool) -> Result<(), StoreError> {
+        let mut client = if durable {
+            self.db.get().await?
+        } else {
+            self.db.get_relaxed().await?
+        };
         let tx = client.transaction().await.map_err(db_error)?;
-        let Some(row) = tx
-            .query_opt(
-                "SELECT ended FROM turns WHERE chat_id = $1 AND id = $2 FOR UPDATE",
-                &[&self.chat_id, &end.id],
-            )
-            .await
-            .map_err(db_error)?
+        let Some(row) = crate::db::query_opt(
+            &tx,
+            "SELECT ended FROM turns WHERE chat_id = $1 AND id = $2 FOR UPDATE",
+            &[&self.chat_id, &end.id],
+        )
+        .await
+        .map_err(db_error)?
         else {
             return Ok(());
         };
@@ -116,7 +122,8 @@ impl PgChat {
         {
             end.perceived = before.perceived;
         }
-        tx.execute(
+        crate::db::execute(
+            &tx,
             "UPDATE turns SET status = $3, ended = $4 WHERE chat_id = $1 AND id = $2",
             &[
                 &self.chat_id,
@@ -128,7 +135,8 @@ impl PgChat {
         .await
         .map_err(db_error)?;
         if end.status != TurnStatus::Pending {
-            tx.execute(
+            crate::db::execute(
+                &tx,
                 "DELETE FROM turn_steps WHERE chat_id = $1 AND turn_id = $2",
                 &[&self.chat_id, &end.id],
             )
@@ -143,23 +151,25 @@ impl ChatRecord for PgChat {
     async fn admit(&mut self, msg: &UserMessage) -> Result<Admission, StoreError> {
         let mut client = self.db.get().await?;
         let tx = client.transaction().await.map_err(db_error)?;
-        self.ensure_row(&tx).await?;
-        let last_seq: i64 = tx
-            .query_one(
-                "SELECT last_seq FROM chats WHERE chat_id = $1 FOR UPDATE",
-                &[&self.chat_id],
-            )
-            .await
-            .map_err(db_error)?
-            .get(0);
-        let stored = tx
-            .query_opt(
-                "SELECT 1 FROM turns WHERE chat_id = $1 AND id = $2",
-                &[&self.chat_id, &msg.id],
-            )
-            .await
-            .map_err(db_error)?
-            .is_some();
+        // Creates the chat's row if needed and locks it: admissions of one chat take turns.
+        let last_seq: i64 = crate::db::query_one(
+            &tx,
+            "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT (chat_id) \
+             DO UPDATE SET last_seq = chats.last_seq RETURNING last_seq",
+            &[&self.chat_id],
+        )
+        .await
+        .map_err(db_error)?
+        .get(0);
+        // A statement of its own, so it sees what committed before the lock was granted.
+        let stored = crate::db::query_opt(
+            &tx,
+            "SELECT 1 FROM turns WHERE chat_id = $1 AND id = $2",
+            &[&self.chat_id, &msg.id],
+        )
+        .await
+        .map_err(db_error)?
+        .is_some();
         let last_seq = u64::try_from(last_seq).unwrap_or(0);
         let admission = decide(stored, msg.seq, last_seq);
         if admission != Admission::New {
@@ -168,25 +178,23 @@ impl ChatRecord for PgChat {
         warn_out_of_line(msg.seq, last_seq);
         let turn = TurnRecord::from_message(msg);
         let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
-        tx.execute(
-            "INSERT INTO turns (chat_id, n, id, seq, status, attachments, record) \
+        crate::db::execute(
+            &tx,
+            "WITH turn AS (INSERT INTO turns (chat_id, n, id, seq, status, attachments, record) \
              SELECT $1, COALESCE(MAX(n), 0) + 1, $2, $3, 'pending', $4, $5 \
-             FROM turns WHERE chat_id = $1",
+             FROM turns WHERE chat_id = $1) \
+             UPDATE chats SET room_id = COALESCE(room_id, $6), \
+             thread_root = COALESCE(thread_root, $7), last_seq = GREATEST(last_seq, $3) \
+             WHERE chat_id = $1",
             &[
                 &self.chat_id,
                 &msg.id,
                 &big(msg.seq),
                 &attachments,
                 &Json(&turn),
+                &msg.room_id,
+                &msg.thread_root,
             ],
-        )
-        .await
-        .map_err(db_error)?;
-        tx.execute(
-            "UPDATE chats SET room_id = COALESCE(room_id, $2), \
-             thread_root = COALESCE(thread_root, $3), last_seq = GREATEST(last_seq, $4) \
-             WHERE chat_id = $1",
-            &[&self.chat_id, &msg.room_id, &msg.thread_root, &big(msg.seq)],
         )
         .await
         .map_err(db_error)?;
@@ -196,61 +204,61 @@ impl ChatRecord for PgChat {
 
     async fn last_seq(&mut self) -> Result<u64, StoreError> {
         let client = self.db.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT last_seq FROM chats WHERE chat_id = $1",
-                &[&self.chat_id],
-            )
-            .await
-            .map_err(db_error)?;
+        let row = crate::db::query_opt(
+            &client,
+            "SELECT last_seq FROM chats WHERE chat_id = $1",
+            &[&self.chat_id],
+        )
+        .await
+        .map_err(db_error)?;
         Ok(row.map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)))
     }
 
     async fn pending(&mut self) -> Result<Vec<String>, StoreError> {
         let client = self.db.get().await?;
-        let rows = client
-            .query(
-                "SELECT id FROM turns WHERE chat_id = $1 AND status = 'pending' ORDER BY n",
-                &[&self.chat_id],
-            )
-            .await
-            .map_err(db_error)?;
+        let rows = crate::db::query(
+            &client,
+            "SELECT id FROM turns WHERE chat_id = $1 AND status = 'pending' ORDER BY n",
+            &[&self.chat_id],
+        )
+        .await
+        .map_err(db_error)?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     async fn begin(&mut self, id: &str) -> Result<Option<Begun>, StoreError> {
         let client = self.db.get().await?;
-        let Some(row) = client
-            .query_opt(
-                "SELECT t.n, t.record, t.ended, c.room_id FROM turns t \
+        let Some(row) = crate::db::query_opt(
+            &client,
+            "SELECT t.n, t.record, t.ended, c.room_id FROM turns t \
                  JOIN chats c ON c.chat_id = t.chat_id \
                  WHERE t.chat_id = $1 AND t.id = $2 AND t.status = 'pending'",
-                &[&self.chat_id, &id],
-            )
-            .await
-            .map_err(db_error)?
+            &[&self.chat_id, &id],
+        )
+        .await
+        .map_err(db_error)?
         else {
             return Ok(None);
         };
         let n: i64 = row.get("n");
         let room_id: Option<String> = row.get("room_id");
         let turn = turn_of(&row, &self.chat_id)?;
-        let counts = client
-            .query_one(
-                "SELECT COUNT(*), COALESCE(SUM(attachments), 0)::bigint FROM turns \
+        let counts = crate::db::query_one(
+            &client,
+            "SELECT COUNT(*), COALESCE(SUM(attachments), 0)::bigint FROM turns \
                  WHERE chat_id = $1 AND n < $2",
-                &[&self.chat_id, &n],
-            )
-            .await
-            .map_err(db_error)?;
-        let recent_rows = client
-            .query(
-                "SELECT record, ended FROM turns WHERE chat_id = $1 AND n < $2 \
+            &[&self.chat_id, &n],
+        )
+        .await
+        .map_err(db_error)?;
+        let recent_rows = crate::db::query(
+            &client,
+            "SELECT record, ended FROM turns WHERE chat_id = $1 AND n < $2 \
                  ORDER BY n DESC LIMIT $3",
-                &[&self.chat_id, &n, &big(RECENT_TURNS as u64)],
-            )
-            .await
-            .map_err(db_error)?;
+            &[&self.chat_id, &n, &big(RECENT_TURNS as u64)],
+        )
+        .await
+        .map_err(db_error)?;
         let mut recent = recent_rows
             .iter()
             .map(|r| turn_of(r, &self.chat_id))
@@ -266,18 +274,18 @@ impl ChatRecord for PgChat {
 
     async fn turn(&mut self, id: &str) -> Result<Option<TurnRecord>, StoreError> {
         let client = self.db.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT record, ended FROM turns WHERE chat_id = $1 AND id = $2",
-                &[&self.chat_id, &id],
-            )
-            .await
-            .map_err(db_error)?;
+        let row = crate::db::query_opt(
+            &client,
+            "SELECT record, ended FROM turns WHERE chat_id = $1 AND id = $2",
+            &[&self.chat_id, &id],
+        )
+        .await
+        .map_err(db_error)?;
         row.map(|r| turn_of(&r, &self.chat_id)).transpose()
     }
 
     async fn finish(&mut self, end: TurnEnd) -> Result<(), StoreError> {
-        self.end(end).await
+        self.end(end, false).await
     }
 
     async fn perceive(
@@ -288,14 +296,17 @@ impl ChatRecord for PgChat {
         let Some(current) = ChatRecord::turn(self, id).await? else {
             return Ok(());
         };
-        self.end(TurnEnd {
-            id: id.to_owned(),
-            status: current.status,
-            output: current.output,
-            sent_files: current.sent_files,
-            error: current.error,
-            perceived,
-        })
+        self.end(
+            TurnEnd {
+                id: id.to_owned(),
+                status: current.status,
+                output: current.output,
+                sent_files: current.sent_files,
+                error: current.error,
+                perceived,
+            },
+            true,
+        )
         .await
     }
 
@@ -305,42 +316,42 @@ impl ChatRecord for PgChat {
         key: &(String, String),
     ) -> Result<bool, StoreError> {
         let client = self.db.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT 1 FROM approvals WHERE chat_id = $1 AND user_id IN ($2, '') \
+        let row = crate::db::query_opt(
+            &client,
+            "SELECT 1 FROM approvals WHERE chat_id = $1 AND user_id IN ($2, '') \
                  AND tool = $3 AND resource = $4 LIMIT 1",
-                &[&self.chat_id, &user, &key.0, &key.1],
-            )
-            .await
-            .map_err(db_error)?;
+            &[&self.chat_id, &user, &key.0, &key.1],
+        )
+        .await
+        .map_err(db_error)?;
         Ok(row.is_some())
     }
 
     async fn allow_always(&mut self, user: &str, key: (String, String)) -> Result<(), StoreError> {
         let client = self.db.get().await?;
         self.ensure_row(&client).await?;
-        client
-            .execute(
-                "INSERT INTO approvals (chat_id, user_id, tool, resource) \
+        crate::db::execute(
+            &client,
+            "INSERT INTO approvals (chat_id, user_id, tool, resource) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                &[&self.chat_id, &user, &key.0, &key.1],
-            )
-            .await
-            .map_err(db_error)?;
+            &[&self.chat_id, &user, &key.0, &key.1],
+        )
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 
     async fn steps(&mut self, id: &str) -> Result<Vec<Step>, StoreError> {
         let client = self.db.get().await?;
-        let rows = client
-            .query(
-                "SELECT s.step FROM turn_steps s JOIN turns t \
+        let rows = crate::db::query(
+            &client,
+            "SELECT s.step FROM turn_steps s JOIN turns t \
                  ON t.chat_id = s.chat_id AND t.id = s.turn_id \
                  WHERE s.chat_id = $1 AND s.turn_id = $2 AND t.status = 'pending' ORDER BY s.n",
-                &[&self.chat_id, &id],
-            )
-            .await
-            .map_err(db_error)?;
+            &[&self.chat_id, &id],
+        )
+        .await
+        .map_err(db_error)?;
         rows.iter()
             .map(|r| {
                 r.try_get::<_, Json<Step>>(0).map(|Json(s)| s).map_err(|e| {
@@ -356,21 +367,21 @@ impl ChatRecord for PgChat {
 
     async fn record_step(&mut self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
         let client = self.db.get().await?;
-        client
-            .execute(
-                "INSERT INTO turn_steps (chat_id, turn_id, n, step) \
+        crate::db::execute(
+            &client,
+            "INSERT INTO turn_steps (chat_id, turn_id, n, step) \
                  SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM turns \
                  WHERE chat_id = $1 AND id = $2 AND status = 'pending') \
                  ON CONFLICT DO NOTHING",
-                &[
-                    &self.chat_id,
-                    &id,
-                    &i32::try_from(n).unwrap_or(i32::MAX),
-                    &Json(step),
-                ],
-            )
-            .await
-            .map_err(db_error)?;
+            &[
+                &self.chat_id,
+                &id,
+                &i32::try_from(n).unwrap_or(i32::MAX),
+                &Json(step),
+            ],
+        )
+        .await
+        .map_err(db_error)?;
         Ok(())
     }
 }
@@ -387,28 +398,30 @@ impl PgChats {
         let chat_id = id.to_string();
         let mut client = self.db.get().await?;
         let tx = client.transaction().await.map_err(db_error)?;
-        tx.execute(
+        crate::db::execute(
+            &tx,
             "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT DO NOTHING",
             &[&chat_id],
         )
         .await
         .map_err(db_error)?;
-        tx.execute(
+        crate::db::execute(
+            &tx,
             "SELECT 1 FROM chats WHERE chat_id = $1 FOR UPDATE",
             &[&chat_id],
         )
         .await
         .map_err(db_error)?;
-        let held: Vec<String> = tx
-            .query(
-                "SELECT id FROM turns WHERE chat_id = $1 ORDER BY n",
-                &[&chat_id],
-            )
-            .await
-            .map_err(db_error)?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let held: Vec<String> = crate::db::query(
+            &tx,
+            "SELECT id FROM turns WHERE chat_id = $1 ORDER BY n",
+            &[&chat_id],
+        )
+        .await
+        .map_err(db_error)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
         let ours: Vec<&str> = chat.turns.iter().map(|t| t.id.as_str()).collect();
         if !held.is_empty() {
             return Ok(if held == ours {
@@ -435,7 +448,8 @@ impl PgChats {
                     })
                 });
             let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
-            tx.execute(
+            crate::db::execute(
+                &tx,
                 "INSERT INTO turns (chat_id, n, id, seq, status, attachments, record, ended) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 &[
@@ -452,7 +466,8 @@ impl PgChats {
             .await
             .map_err(db_error)?;
         }
-        tx.execute(
+        crate::db::execute(
+            &tx,
             "UPDATE chats SET room_id = $2, thread_root = $3, last_seq = $4 WHERE chat_id = $1",
             &[
                 &chat_id,
@@ -464,7 +479,8 @@ impl PgChats {
         .await
         .map_err(db_error)?;
         for (user, tool, resource) in &chat.allowed {
-            tx.execute(
+            crate::db::execute(
+                &tx,
                 "INSERT INTO approvals (chat_id, user_id, tool, resource) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT DO NOTHING",
                 &[&chat_id, &user.as_deref().unwrap_or(""), tool, resource],

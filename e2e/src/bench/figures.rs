@@ -193,6 +193,13 @@ pub enum Fig {
     /// transcript in the agent, the transcription server's exchange subtracted, ms (comparator:
     /// that exchange).
     VoiceOverhead(Stat),
+    /// A message's admission to its `ack` with the agent's state in PostgreSQL, one agent, ms
+    /// (comparator: the file store).
+    StateAdmit(Stat),
+    /// Turns per second with the state in PostgreSQL, one agent (comparator: the file store).
+    StateTurns,
+    /// Turns per second with three agents on PostgreSQL (comparator: one agent).
+    StateTurnsThree,
 }
 
 /// How a figure reads in the report.
@@ -266,6 +273,10 @@ impl Fig {
             Fig::ImagePrepRss,
             Fig::VoiceOverhead(Stat::P50),
             Fig::VoiceOverhead(Stat::P99),
+            Fig::StateAdmit(Stat::P50),
+            Fig::StateAdmit(Stat::P99),
+            Fig::StateTurns,
+            Fig::StateTurnsThree,
         ]);
         out
     }
@@ -484,6 +495,27 @@ impl Fig {
                 "ms",
                 "convert -resize",
                 Some(Target::RatioAtMost(1.0)),
+            ),
+            Fig::StateAdmit(stat) => s(
+                format!("state_admit_{}_ms", stat.as_str()),
+                format!("admission to ack {} (PostgreSQL)", stat.as_str()),
+                "ms",
+                "file store",
+                (stat == Stat::P99).then_some(Target::AtMost(5.0)),
+            ),
+            Fig::StateTurns => s(
+                "state_turns_pg".into(),
+                "turns, PostgreSQL, 1 agent".into(),
+                "/s",
+                "file store",
+                Some(Target::RatioAtLeast(0.8)),
+            ),
+            Fig::StateTurnsThree => s(
+                "state_turns_pg_3_agents".into(),
+                "turns, PostgreSQL, 3 agents".into(),
+                "/s",
+                "1 agent",
+                Some(Target::RatioAtLeast(2.5)),
             ),
             Fig::VoiceOverhead(stat) => s(
                 format!("voice_overhead_{}_ms", stat.as_str()),

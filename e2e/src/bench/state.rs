@@ -1,0 +1,195 @@
+//! The agent's durable state, embedded and in PostgreSQL (issue 38): admission-to-ack latency and
+//! turns per second over the agent's WebSocket (the minimal surface of [`crate::agent_ws`]), for
+//! the file store, PostgreSQL with one agent, and PostgreSQL with three, in one run. Every chat
+//! sends its turns one after the other; the chats run at once, spread over the agents.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use protocol::{Sender, ToAgent, ToSurface, UserMessage};
+
+use super::figures::{Fig, RunFigures, Sample, Stat};
+use super::stats::percentile;
+use crate::agent_ws::AgentWs;
+use crate::procs::{Child, bin, free_port, wait_healthy};
+
+const TOKEN: &str = "bench-state-token-0123456789";
+
+/// Agents of one configuration, stopped when dropped.
+struct Agents {
+    urls: Vec<String>,
+    _children: Vec<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Agents {
+    /// `n` agents, on the database `url` or (`None`) each on a state directory of its own.
+    async fn start(n: usize, url: Option<&str>) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let workspace = dir.path().join("workspace");
+        std::fs::create_dir_all(&workspace)?;
+        let (mut urls, mut children) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let port = free_port();
+            let mut env = BTreeMap::from([
+                ("AGENT_BIND".to_owned(), format!("127.0.0.1:{port}")),
+                ("AGENT_TOKEN".to_owned(), TOKEN.to_owned()),
+                ("WORKSPACE_ROOT".to_owned(), workspace.display().to_string()),
+                (
+                    "AGENT_STATE_DIR".to_owned(),
+                    dir.path().join(format!("state-{i}")).display().to_string(),
+                ),
+                ("RUST_LOG".to_owned(), "warn".to_owned()),
+            ]);
+            if let Some(url) = url {
+                env.insert("AGENT_DATABASE_URL".into(), url.to_owned());
+            }
+            let log = dir.path().join(format!("agent-{i}.log"));
+            let child = Child::spawn(&format!("bench-agent-{i}"), bin("agent"), env, log)?;
+            wait_healthy(&child, &format!("http://127.0.0.1:{port}/healthz")).await;
+            urls.push(format!("ws://127.0.0.1:{port}"));
+            children.push(child);
+        }
+        Ok(Self {
+            urls,
+            _children: children,
+            _dir: dir,
+        })
+    }
+}
+
+/// What one configuration did: each admission's time to its `ack`, and the turns per second.
+struct Load {
+    acks_ms: Vec<f64>,
+    turns_per_s: f64,
+}
+
+/// `chats` chats at once, `per_chat` turns each, chat `i` on agent `i % agents`, after one turn
+/// in as many other chats (the agents' connections to the database are open, their statements
+/// prepared: what is measured is the steady state, for the file store as for PostgreSQL).
+async fn load(agents: &Agents, chats: usize, per_chat: usize, tag: &str) -> Result<Load> {
+    let warm: Vec<_> = (0..chats)
+        .map(|i| {
+            let base = agents.urls[i % agents.urls.len()].clone();
+            let room = format!("!bench-{tag}-warm-{i}:localhost");
+            tokio::spawn(async move { chat(&base, &room, 1).await })
+        })
+        .collect();
+    for t in warm {
+        t.await.context("warm-up task")??;
+    }
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..chats)
+        .map(|i| {
+            let base = agents.urls[i % agents.urls.len()].clone();
+            let room = format!("!bench-{tag}-{i}:localhost");
+            tokio::spawn(async move { chat(&base, &room, per_chat).await })
+        })
+        .collect();
+    let mut acks_ms = Vec::new();
+    for t in tasks {
+        acks_ms.extend(t.await.context("chat task")??);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    acks_ms.sort_by(f64::total_cmp);
+    Ok(Load {
+        turns_per_s: (chats * per_chat) as f64 / elapsed,
+        acks_ms,
+    })
+}
+
+/// One chat's turns, one after the other; the time from each message to its `ack`, ms.
+async fn chat(base: &str, room: &str, turns: usize) -> Result<Vec<f64>> {
+    let mut ws = AgentWs::connect(base, room, TOKEN).await?;
+    let mut acks = Vec::with_capacity(turns);
+    for seq in 1..=turns as u64 {
+        let id = format!("$bench-{seq}-{room}");
+        let sent = Instant::now();
+        ws.send(&ToAgent::UserMessage(UserMessage {
+            seq,
+            id: id.clone(),
+            room_id: room.to_owned(),
+            thread_root: None,
+            sender: Sender {
+                user_id: "@bench:localhost".into(),
+                display_name: None,
+            },
+            text: format!("message {seq} of the state benchmark"),
+            attachments: vec![],
+            attachment_info: BTreeMap::new(),
+            context: vec![],
+            timestamp_ms: 0,
+        }))
+        .await?;
+        loop {
+            match ws.next().await? {
+                Some(ToSurface::Ack(a)) if a.seq == seq => {
+                    acks.push(sent.elapsed().as_secs_f64() * 1000.0);
+                }
+                Some(ToSurface::End(e)) if e.turn == id => break,
+                Some(ToSurface::Error(e)) => bail!("the agent refused {id}: {}", e.message),
+                Some(_) => {}
+                None => bail!("the agent closed the connection during {id}"),
+            }
+        }
+    }
+    Ok(acks)
+}
+
+/// A new database on the server of `admin` (the test command's or the benchmark's PostgreSQL).
+async fn scratch(admin: &str) -> Result<String> {
+    let name = format!("bench_{:016x}", rand::random::<u64>());
+    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls).await?;
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await?;
+    drop(client);
+    let _ = driver.await;
+    let Some((server, rest)) = admin.rsplit_once('/') else {
+        bail!("not a postgres:// URL");
+    };
+    let query = rest
+        .split_once('?')
+        .map(|(_, q)| format!("?{q}"))
+        .unwrap_or_default();
+    Ok(format!("{server}/{name}{query}"))
+}
+
+/// Measures the three configurations with `chats` chats of `per_chat` turns each.
+pub async fn measure(admin: &str, chats: usize, per_chat: usize) -> Result<RunFigures> {
+    let files = {
+        let agents = Agents::start(1, None).await?;
+        load(&agents, chats, per_chat, "files").await?
+    };
+    let pg1 = {
+        let agents = Agents::start(1, Some(&scratch(admin).await?)).await?;
+        load(&agents, chats, per_chat, "pg1").await?
+    };
+    let pg3 = {
+        let agents = Agents::start(3, Some(&scratch(admin).await?)).await?;
+        // Settle: the other two agents found the schema migrated by the first.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        load(&agents, chats, per_chat, "pg3").await?
+    };
+    let mut out = RunFigures::new();
+    for (stat, p) in [(Stat::P50, 0.5), (Stat::P99, 0.99)] {
+        out.insert(
+            Fig::StateAdmit(stat),
+            Sample {
+                this: percentile(&pg1.acks_ms, p),
+                other: percentile(&files.acks_ms, p),
+            },
+        );
+    }
+    out.insert(
+        Fig::StateTurns,
+        Sample::new(pg1.turns_per_s, files.turns_per_s),
+    );
+    out.insert(
+        Fig::StateTurnsThree,
+        Sample::new(pg3.turns_per_s, pg1.turns_per_s),
+    );
+    Ok(out)
+}
