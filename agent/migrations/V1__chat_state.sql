@@ -1,22 +1,27 @@
 -- The agent's durable state, shared by every agent of a deployment (issue 38).
 
--- One row per chat: its room (known from its first turn) and its highest plausible seq.
+-- One row per chat: its room (known from its first turn), its highest plausible seq, and how
+-- many turns and attachments it has (running totals: a turn's history is read without counting).
 CREATE TABLE chats (
     chat_id     text PRIMARY KEY,
     room_id     text,
     thread_root text,
-    last_seq    bigint NOT NULL DEFAULT 0
+    last_seq    bigint NOT NULL DEFAULT 0,
+    turns       bigint NOT NULL DEFAULT 0,
+    attachments bigint NOT NULL DEFAULT 0
 );
 
--- Turns in arrival order (n), identified by message id. `record` is the turn as admitted
--- (a TurnRecord), `ended` how it ended last (a TurnEnd, NULL while it never ended).
+-- Turns in arrival order (n = 1, 2, …), identified by message id. `record` is the turn as
+-- admitted (a TurnRecord), `ended` how it ended last (a TurnEnd, NULL while it never ended);
+-- `attachments_before` counts the attachments of the turns before it.
 CREATE TABLE turns (
-    chat_id     text    NOT NULL REFERENCES chats (chat_id),
-    n           bigint  NOT NULL,
-    id          text    NOT NULL,
-    seq         bigint  NOT NULL,
-    status      text    NOT NULL,
-    attachments integer NOT NULL,
+    chat_id            text    NOT NULL REFERENCES chats (chat_id),
+    n                  bigint  NOT NULL,
+    id                 text    NOT NULL,
+    seq                bigint  NOT NULL,
+    status             text    NOT NULL,
+    attachments        integer NOT NULL,
+    attachments_before bigint  NOT NULL,
     record      jsonb   NOT NULL,
     ended       jsonb,
     PRIMARY KEY (chat_id, n),

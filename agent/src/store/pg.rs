@@ -96,54 +96,36 @@ impl PgChat {
         Ok(())
     }
 
-    /// Writes `end` over the turn's last end, keeping what was perceived when `end` says
-    /// nothing of it; nothing happens for an unknown id.
-    /// `durable`: the commit waits for the disk (what was perceived); otherwise not (how a turn
-    /// ended: lost in a crash of the database server, the turn runs again from its steps).
-    async fn end(&self, mut end: TurnEnd, durable: bool) -> Result<(), StoreError> {
-        let mut client = if durable {
+    /// Writes `end` over the turn's last end in one statement, keeping what was perceived when
+    /// `end` says nothing of it, and drops the turn's steps once it is over; nothing happens for
+    /// an unknown id. `durable`: the commit waits for the disk (what was perceived); otherwise
+    /// not (how a turn ended: lost in a crash of the database server, the turn runs again from
+    /// its recorded steps, as with the file store).
+    async fn end(&self, end: TurnEnd, durable: bool) -> Result<(), StoreError> {
+        let client = if durable {
             self.db.get().await?
         } else {
             self.db.get_relaxed().await?
         };
-        let tx = client.transaction().await.map_err(db_error)?;
-        let Some(row) = crate::db::query_opt(
-            &tx,
-            "SELECT ended FROM turns WHERE chat_id = $1 AND id = $2 FOR UPDATE",
-            &[&self.chat_id, &end.id],
-        )
-        .await
-        .map_err(db_error)?
-        else {
-            return Ok(());
-        };
-        if end.perceived.is_empty()
-            && let Ok(Some(Json(before))) = row.try_get::<_, Option<Json<TurnEnd>>>("ended")
-        {
-            end.perceived = before.perceived;
-        }
+        let keep_perceived = end.perceived.is_empty();
         crate::db::execute(
-            &tx,
-            "UPDATE turns SET status = $3, ended = $4 WHERE chat_id = $1 AND id = $2",
+            &client,
+            "WITH gone AS (DELETE FROM turn_steps WHERE chat_id = $1 AND turn_id = $2 \
+             AND $3 <> 'pending') \
+             UPDATE turns SET status = $3, ended = CASE WHEN $5 THEN $4::jsonb || \
+             jsonb_build_object('perceived', COALESCE(ended -> 'perceived', '{}'::jsonb)) \
+             ELSE $4::jsonb END WHERE chat_id = $1 AND id = $2",
             &[
                 &self.chat_id,
                 &end.id,
                 &status_name(end.status),
                 &Json(&end),
+                &keep_perceived,
             ],
         )
         .await
         .map_err(db_error)?;
-        if end.status != TurnStatus::Pending {
-            crate::db::execute(
-                &tx,
-                "DELETE FROM turn_steps WHERE chat_id = $1 AND turn_id = $2",
-                &[&self.chat_id, &end.id],
-            )
-            .await
-            .map_err(db_error)?;
-        }
-        tx.commit().await.map_err(db_error)
+        Ok(())
     }
 }
 
@@ -178,14 +160,15 @@ impl ChatRecord for PgChat {
         warn_out_of_line(msg.seq, last_seq);
         let turn = TurnRecord::from_message(msg);
         let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
+        let attachments = i64::from(attachments);
         crate::db::execute(
             &tx,
-            "WITH turn AS (INSERT INTO turns (chat_id, n, id, seq, status, attachments, record) \
-             SELECT $1, COALESCE(MAX(n), 0) + 1, $2, $3, 'pending', $4, $5 \
-             FROM turns WHERE chat_id = $1) \
-             UPDATE chats SET room_id = COALESCE(room_id, $6), \
-             thread_root = COALESCE(thread_root, $7), last_seq = GREATEST(last_seq, $3) \
-             WHERE chat_id = $1",
+            "WITH c AS (UPDATE chats SET room_id = COALESCE(room_id, $6), \
+             thread_root = COALESCE(thread_root, $7), last_seq = GREATEST(last_seq, $3), \
+             turns = turns + 1, attachments = attachments + $4 WHERE chat_id = $1 \
+             RETURNING turns, attachments - $4 AS before) \
+             INSERT INTO turns (chat_id, n, id, seq, status, attachments, attachments_before, \
+             record) SELECT $1, c.turns, $2, $3, 'pending', $4, c.before, $5 FROM c",
             &[
                 &self.chat_id,
                 &msg.id,
@@ -228,12 +211,17 @@ impl ChatRecord for PgChat {
 
     async fn begin(&mut self, id: &str) -> Result<Option<Begun>, StoreError> {
         let client = self.db.get().await?;
+        // The turn, its room and the turns before it, in one round trip: `n - 1` turns came
+        // before, with `attachments_before` attachments; the last few in full.
         let Some(row) = crate::db::query_opt(
             &client,
-            "SELECT t.n, t.record, t.ended, c.room_id FROM turns t \
-                 JOIN chats c ON c.chat_id = t.chat_id \
-                 WHERE t.chat_id = $1 AND t.id = $2 AND t.status = 'pending'",
-            &[&self.chat_id, &id],
+            "SELECT t.n, t.attachments_before, t.record, t.ended, c.room_id, \
+             (SELECT COALESCE(jsonb_agg(jsonb_build_array(r.record, r.ended) ORDER BY r.n), \
+             '[]'::jsonb) FROM (SELECT n, record, ended FROM turns \
+             WHERE chat_id = $1 AND n < t.n ORDER BY n DESC LIMIT $3) r) AS recent \
+             FROM turns t JOIN chats c ON c.chat_id = t.chat_id \
+             WHERE t.chat_id = $1 AND t.id = $2 AND t.status = 'pending'",
+            &[&self.chat_id, &id, &big(RECENT_TURNS as u64)],
         )
         .await
         .map_err(db_error)?
@@ -241,32 +229,29 @@ impl ChatRecord for PgChat {
             return Ok(None);
         };
         let n: i64 = row.get("n");
+        let before: i64 = row.get("attachments_before");
         let room_id: Option<String> = row.get("room_id");
         let turn = turn_of(&row, &self.chat_id)?;
-        let counts = crate::db::query_one(
-            &client,
-            "SELECT COUNT(*), COALESCE(SUM(attachments), 0)::bigint FROM turns \
-                 WHERE chat_id = $1 AND n < $2",
-            &[&self.chat_id, &n],
-        )
-        .await
-        .map_err(db_error)?;
-        let recent_rows = crate::db::query(
-            &client,
-            "SELECT record, ended FROM turns WHERE chat_id = $1 AND n < $2 \
-                 ORDER BY n DESC LIMIT $3",
-            &[&self.chat_id, &n, &big(RECENT_TURNS as u64)],
-        )
-        .await
-        .map_err(db_error)?;
-        let mut recent = recent_rows
-            .iter()
-            .map(|r| turn_of(r, &self.chat_id))
-            .collect::<Result<Vec<_>, _>>()?;
-        recent.reverse();
+        let Json(pairs): Json<Vec<(TurnRecord, Option<TurnEnd>)>> =
+            row.try_get("recent").map_err(|e| {
+                StoreError::Database(format!(
+                    "unreadable history of chat {}: {}",
+                    self.chat_id,
+                    describe(&e)
+                ))
+            })?;
+        let recent = pairs
+            .into_iter()
+            .map(|(mut turn, end)| {
+                if let Some(end) = end {
+                    turn.apply(end);
+                }
+                turn
+            })
+            .collect();
         let history = History {
-            earlier: usize::try_from(counts.get::<_, i64>(0)).unwrap_or(0),
-            attachments: usize::try_from(counts.get::<_, i64>(1)).unwrap_or(0),
+            earlier: usize::try_from(n - 1).unwrap_or(0),
+            attachments: usize::try_from(before).unwrap_or(0),
             recent,
         };
         Ok(Some((turn, history, room_id)))
@@ -435,60 +420,85 @@ impl PgChats {
                 ))
             });
         }
-        for (n, turn) in (1_i64..).zip(&chat.turns) {
-            let ended =
-                (turn.status != TurnStatus::Pending || !turn.perceived.is_empty()).then(|| {
-                    Json(TurnEnd {
-                        id: turn.id.clone(),
-                        status: turn.status,
-                        output: turn.output.clone(),
-                        sent_files: turn.sent_files.clone(),
-                        error: turn.error.clone(),
-                        perceived: turn.perceived.clone(),
-                    })
-                });
-            let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
-            crate::db::execute(
-                &tx,
-                "INSERT INTO turns (chat_id, n, id, seq, status, attachments, record, ended) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                &[
-                    &chat_id,
-                    &n,
-                    &turn.id,
-                    &big(turn.seq),
-                    &status_name(turn.status),
-                    &attachments,
-                    &Json(turn),
-                    &ended,
-                ],
-            )
-            .await
-            .map_err(db_error)?;
-        }
+        let before = insert_turns(&tx, &chat_id, &chat.turns).await?;
         crate::db::execute(
             &tx,
-            "UPDATE chats SET room_id = $2, thread_root = $3, last_seq = $4 WHERE chat_id = $1",
+            "UPDATE chats SET room_id = $2, thread_root = $3, last_seq = $4, turns = $5, \
+             attachments = $6 WHERE chat_id = $1",
             &[
                 &chat_id,
                 &chat.room_id,
                 &chat.thread_root,
                 &big(chat.last_seq),
+                &big(chat.turns.len() as u64),
+                &before,
             ],
         )
         .await
         .map_err(db_error)?;
-        for (user, tool, resource) in &chat.allowed {
-            crate::db::execute(
-                &tx,
-                "INSERT INTO approvals (chat_id, user_id, tool, resource) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT DO NOTHING",
-                &[&chat_id, &user.as_deref().unwrap_or(""), tool, resource],
-            )
-            .await
-            .map_err(db_error)?;
-        }
+        insert_approvals(&tx, &chat_id, &chat.allowed).await?;
         tx.commit().await.map_err(db_error)?;
         Ok(Imported::New)
     }
+}
+
+/// Inserts `turns` as the chat's turns 1, 2, …; the attachments they have in all.
+async fn insert_turns(
+    tx: &deadpool_postgres::Transaction<'_>,
+    chat_id: &str,
+    turns: &[TurnRecord],
+) -> Result<i64, StoreError> {
+    let mut before: i64 = 0;
+    for (n, turn) in (1_i64..).zip(turns) {
+        let ended = (turn.status != TurnStatus::Pending || !turn.perceived.is_empty()).then(|| {
+            Json(TurnEnd {
+                id: turn.id.clone(),
+                status: turn.status,
+                output: turn.output.clone(),
+                sent_files: turn.sent_files.clone(),
+                error: turn.error.clone(),
+                perceived: turn.perceived.clone(),
+            })
+        });
+        let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
+        crate::db::execute(
+            tx,
+            "INSERT INTO turns (chat_id, n, id, seq, status, attachments, \
+                 attachments_before, record, ended) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &chat_id,
+                &n,
+                &turn.id,
+                &big(turn.seq),
+                &status_name(turn.status),
+                &attachments,
+                &before,
+                &Json(turn),
+                &ended,
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        before += i64::from(attachments);
+    }
+    Ok(before)
+}
+
+/// Inserts the approvals for good of an imported chat (those it has already are kept).
+async fn insert_approvals(
+    tx: &deadpool_postgres::Transaction<'_>,
+    chat_id: &str,
+    allowed: &[(Option<String>, String, String)],
+) -> Result<(), StoreError> {
+    for (user, tool, resource) in allowed {
+        crate::db::execute(
+            tx,
+            "INSERT INTO approvals (chat_id, user_id, tool, resource) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT DO NOTHING",
+            &[&chat_id, &user.as_deref().unwrap_or(""), tool, resource],
+        )
+        .await
+        .map_err(db_error)?;
+    }
+    Ok(())
 }

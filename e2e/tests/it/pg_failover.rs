@@ -173,6 +173,125 @@ fn ran_on(log: &str, chat: &ChatId) -> bool {
         .any(|l| l.contains("turn starts") && l.contains(&needle))
 }
 
+/// The stack on the database `url` with two more agents, the surface routing over all three.
+async fn three_agents(hs: &e2e::Homeserver, url: String) -> (Stack, Child, Child) {
+    let mut opts = StackOptions::default();
+    opts.agent_env.insert("AGENT_DATABASE_URL".into(), url);
+    let mut stack = Stack::start(hs, opts).await.expect("stack");
+    let (b, b_url) = stack.start_another_agent("agent-b").await.expect("agent B");
+    let (c, c_url) = stack.start_another_agent("agent-c").await.expect("agent C");
+    let a_url = stack.agent_ws();
+    stack.surface.stop().await;
+    stack
+        .surface
+        .set_env("AGENT_URL", Some(&format!("{a_url},{b_url},{c_url}")));
+    stack.surface.start().expect("surface with three agents");
+    stack.wait_surface_healthy().await;
+    (stack, b, c)
+}
+
+/// The plain DMs (each a user of its own) and the encrypted ones, started by their first
+/// message: (member, room, that first message).
+async fn open_chats(hs: &e2e::Homeserver, bot: &str) -> Vec<(Member, String, Option<String>)> {
+    let mut chats = futures_util::future::join_all((0..PLAIN_CHATS).map(|_| async move {
+        let user = hs.register(&e2e::unique("pgf"), false).await.expect("user");
+        let room = e2e::open_dm(&user, bot, TURN).await;
+        (Member::Plain(user), room, None)
+    }))
+    .await;
+    for i in PLAIN_CHATS..PLAIN_CHATS + ENCRYPTED_CHATS {
+        let user = Arc::new(E2eeUser::register(hs, "pgfe").await.expect("e2ee user"));
+        let (room, first) = user
+            .start_dm_with_first_message(bot, &text(i, 0))
+            .await
+            .expect("encrypted DM");
+        user.wait_joined(&room, bot, TURN).await.expect("bot joins");
+        chats.push((Member::Encrypted(user), room, Some(first)));
+    }
+    chats
+}
+
+/// Waits until every message has a reply (or `DRAIN` passed), then a little longer so late
+/// duplicates show up too.
+async fn drain(chats: &[Chat], bot: &str) {
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let mut timelines = Vec::new();
+        for chat in chats {
+            let bot_msgs = chat.member.bot_messages(&chat.room, bot).await;
+            timelines.push(RoomTimeline {
+                triggers: chat.sent.clone(),
+                bot: bot_msgs.into_iter().map(|(m, _)| m).collect(),
+            });
+        }
+        if check::check(&timelines).lost.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+}
+
+/// What the chats show after the run.
+#[derive(Default)]
+struct Tally {
+    timelines: Vec<RoomTimeline>,
+    history_ok: usize,
+    recalled: usize,
+    files_once: usize,
+    moved: usize,
+}
+
+/// Reads every chat's replies: its `history` count, its recall, its files, and whether its
+/// turns ran on more than one agent (`logs`).
+async fn tally(chats: &[Chat], bot: &str, logs: &[String]) -> Tally {
+    let mut t = Tally::default();
+    for (i, chat) in chats.iter().enumerate() {
+        let msgs = chat.member.bot_messages(&chat.room, bot).await;
+        let reply = |k: usize| -> String {
+            msgs.iter()
+                .filter(|(m, _)| m.is_text && m.answers.as_deref() == Some(&chat.sent[k]))
+                .map(|(_, body)| body.clone())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        if reply(14).contains(&format!("{} earlier turn(s)", PER_CHAT - 1)) {
+            t.history_ok += 1;
+        } else {
+            eprintln!("pg_failover: chat {i} history: {:?}", reply(14));
+        }
+        if reply(13).contains(&format!("teal-{i}")) {
+            t.recalled += 1;
+        } else {
+            eprintln!("pg_failover: chat {i} recall: {:?}", reply(13));
+        }
+        let file = format!("n{i}.txt");
+        let posted = msgs
+            .iter()
+            .filter(|(m, body)| !m.is_text && body.ends_with(&file) && !body.contains('⚠'))
+            .count();
+        if posted == 2 {
+            t.files_once += 1;
+        } else {
+            let bodies: Vec<_> = msgs
+                .iter()
+                .filter(|(m, _)| !m.is_text)
+                .map(|(_, b)| b)
+                .collect();
+            eprintln!("pg_failover: chat {i}: {file} posted {posted} times, not 2: {bodies:?}");
+        }
+        let id = ChatId::for_conversation(&chat.room, None);
+        if logs.iter().filter(|l| ran_on(l, &id)).count() > 1 {
+            t.moved += 1;
+        }
+        t.timelines.push(RoomTimeline {
+            triggers: chat.sent.clone(),
+            bot: msgs.into_iter().map(|(m, _)| m).collect(),
+        });
+    }
+    t
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_restart() {
     let Some(url) = e2e::postgres::scratch_database("e2e")
@@ -187,43 +306,10 @@ async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_rest
         .unwrap_or_else(|| rand::rng().random());
     println!("pg_failover: seed={seed} (FAULTS_SEED={seed} replays the schedule)");
     let mut rng = StdRng::seed_from_u64(seed);
-
     let hs = e2e::Homeserver::from_env();
-    let mut opts = StackOptions::default();
-    opts.agent_env.insert("AGENT_DATABASE_URL".into(), url);
-    let mut stack = Stack::start(&hs, opts).await.expect("stack");
-    let (mut b, b_url) = stack.start_another_agent("agent-b").await.expect("agent B");
-    let (mut c, c_url) = stack.start_another_agent("agent-c").await.expect("agent C");
-    let a_url = stack.agent_ws();
-    stack.surface.stop().await;
-    stack
-        .surface
-        .set_env("AGENT_URL", Some(&format!("{a_url},{b_url},{c_url}")));
-    stack.surface.start().expect("surface with three agents");
-    stack.wait_surface_healthy().await;
+    let (mut stack, mut b, mut c) = three_agents(&hs, url).await;
     let bot = stack.bot.user_id.clone();
-
-    let plain = futures_util::future::join_all((0..PLAIN_CHATS).map(|_| {
-        let (hs, bot) = (hs.clone(), bot.clone());
-        async move {
-            let user = hs.register(&e2e::unique("pgf"), false).await.expect("user");
-            let room = e2e::open_dm(&user, &bot, TURN).await;
-            (Member::Plain(user), room, None)
-        }
-    }))
-    .await;
-    let mut chats: Vec<(Member, String, Option<String>)> = plain;
-    for i in PLAIN_CHATS..PLAIN_CHATS + ENCRYPTED_CHATS {
-        let user = Arc::new(E2eeUser::register(&hs, "pgfe").await.expect("e2ee user"));
-        let (room, first) = user
-            .start_dm_with_first_message(&bot, &text(i, 0))
-            .await
-            .expect("encrypted DM");
-        user.wait_joined(&room, &bot, TURN)
-            .await
-            .expect("bot joins");
-        chats.push((Member::Encrypted(user), room, Some(first)));
-    }
+    let chats = open_chats(&hs, &bot).await;
 
     let start = Instant::now();
     let senders: Vec<_> = chats
@@ -238,93 +324,34 @@ async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_rest
         let mut agents = [&mut stack.agent, &mut b, &mut c];
         chaos(&mut agents, &mut rng, window).await
     };
-    let mut chats_sent = Vec::new();
+    let mut sent_chats = Vec::new();
     for ((member, room, _), s) in chats.into_iter().zip(senders) {
         let sent = s.await.expect("sender");
-        chats_sent.push(Chat { member, room, sent });
+        sent_chats.push(Chat { member, room, sent });
     }
     eprintln!("pg_failover: all messages sent after {:?}", start.elapsed());
+    drain(&sent_chats, &bot).await;
 
-    // Every reply, then a little longer so late duplicates show up too.
-    let deadline = Instant::now() + DRAIN;
-    let timelines = loop {
-        let mut timelines = Vec::new();
-        for chat in &chats_sent {
-            let bot_msgs = chat.member.bot_messages(&chat.room, &bot).await;
-            timelines.push(RoomTimeline {
-                triggers: chat.sent.clone(),
-                bot: bot_msgs.into_iter().map(|(m, _)| m).collect(),
-            });
-        }
-        if check::check(&timelines).lost.is_empty() || Instant::now() > deadline {
-            break timelines;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    };
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let _ = timelines;
-
-    let mut timelines = Vec::new();
-    let (mut history_ok, mut recalled, mut files_once, mut moved) = (0, 0, 0, 0);
     let logs = [stack.agent.log(), b.log(), c.log()];
-    for (i, chat) in chats_sent.iter().enumerate() {
-        let msgs = chat.member.bot_messages(&chat.room, &bot).await;
-        let reply = |k: usize| -> String {
-            msgs.iter()
-                .filter(|(m, _)| m.is_text && m.answers.as_deref() == Some(&chat.sent[k]))
-                .map(|(_, body)| body.clone())
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        if reply(14).contains(&format!("{} earlier turn(s)", PER_CHAT - 1)) {
-            history_ok += 1;
-        } else {
-            eprintln!("pg_failover: chat {i} history: {:?}", reply(14));
-        }
-        if reply(13).contains(&format!("teal-{i}")) {
-            recalled += 1;
-        } else {
-            eprintln!("pg_failover: chat {i} recall: {:?}", reply(13));
-        }
-        let file = format!("n{i}.txt");
-        let posted = msgs
-            .iter()
-            .filter(|(m, body)| !m.is_text && body.ends_with(&file) && !body.contains("⚠"))
-            .count();
-        if posted == 2 {
-            files_once += 1;
-        } else {
-            let bodies: Vec<_> = msgs
-                .iter()
-                .filter(|(m, _)| !m.is_text)
-                .map(|(_, b)| b)
-                .collect();
-            eprintln!("pg_failover: chat {i}: {file} posted {posted} times, not 2: {bodies:?}");
-        }
-        let id = ChatId::for_conversation(&chat.room, None);
-        if logs.iter().filter(|l| ran_on(l, &id)).count() > 1 {
-            moved += 1;
-        }
-        timelines.push(RoomTimeline {
-            triggers: chat.sent.clone(),
-            bot: msgs.into_iter().map(|(m, _)| m).collect(),
-        });
-    }
-    let report = check::check(&timelines);
+    let t = tally(&sent_chats, &bot, &logs).await;
+    let report = check::check(&t.timelines);
     let n = PLAIN_CHATS + ENCRYPTED_CHATS;
     println!(
         "pg_failover: chats={n} messages={} agent_kills={kills} postgres_restarts=1 \
-         moved_chats={moved} {} history_ok={history_ok} recalled={recalled} \
-         files_sent_once_per_request={files_once}",
+         moved_chats={} {} history_ok={} recalled={} files_sent_once_per_request={}",
         report.messages,
-        report.summary()
+        t.moved,
+        report.summary(),
+        t.history_ok,
+        t.recalled,
+        t.files_once
     );
     assert!(report.is_clean(), "{report:#?}");
     assert_eq!(report.messages, n * PER_CHAT);
     assert_eq!(kills, AGENT_KILLS);
-    assert_eq!((history_ok, recalled, files_once), (n, n, n));
+    assert_eq!((t.history_ok, t.recalled, t.files_once), (n, n, n));
     assert!(
-        moved > 0,
+        t.moved > 0,
         "no chat ran on more than one agent: the kills moved nothing"
     );
 }
