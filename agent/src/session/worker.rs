@@ -14,6 +14,7 @@ use crate::brain::{BrainError, TurnInput};
 use crate::chat::Chat;
 use crate::confine::{ChatScope, ScopedWorkspace};
 use crate::connection::Outbox;
+use crate::lease::Held;
 use crate::link::Link;
 use crate::metrics::Queued;
 use crate::state::AppState;
@@ -76,7 +77,13 @@ pub(super) async fn turn_worker(
 ) {
     // A turn resumed at connect and resent by the surface is queued twice: run it once.
     let mut seen = HashSet::new();
+    // The chat's lease, kept from one turn to the next while more are queued.
+    let mut kept: Option<Held> = None;
     loop {
+        if turns.is_empty() {
+            // Given back before waiting: another agent may run the chat's next turn.
+            kept = None;
+        }
         let (id, queued) = tokio::select! {
             _ = cancel.cancelled() => return,
             next = turns.recv() => match next {
@@ -92,8 +99,12 @@ pub(super) async fn turn_worker(
             guard = chat.lane.lock() => guard,
         };
         // One turn at a time across every agent sharing the database, too.
-        let Some(lease) = app.leases.acquire(&chat.id, &cancel).await else {
-            return;
+        let lease = match kept.take().filter(|l| !l.lost().is_cancelled()) {
+            Some(lease) => lease,
+            None => match app.leases.acquire(&chat.id, &cancel).await {
+                Some(lease) => lease,
+                None => return,
+            },
         };
         // Losing the lease ends the turn like losing the connection: it stays pending.
         let turn_scope = cancel.child_token();
@@ -108,7 +119,7 @@ pub(super) async fn turn_worker(
         };
         run_turn(&app, &chat, &link, &id, queued, &turn_scope, &running).await;
         stop_on_loss.abort();
-        drop(lease);
+        kept = Some(lease);
     }
 }
 

@@ -306,6 +306,13 @@ async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_rest
         .unwrap_or_else(|| rand::rng().random());
     println!("pg_failover: seed={seed} (FAULTS_SEED={seed} replays the schedule)");
     let mut rng = StdRng::seed_from_u64(seed);
+    // The database password, which no log line may show.
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, p)| p.to_owned())
+        .unwrap_or_default();
     let hs = e2e::Homeserver::from_env();
     let (mut stack, mut b, mut c) = three_agents(&hs, url).await;
     let bot = stack.bot.user_id.clone();
@@ -354,4 +361,11 @@ async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_rest
         t.moved > 0,
         "no chat ran on more than one agent: the kills moved nothing"
     );
+    assert!(password.len() >= 8, "the test database has a password");
+    for log in logs.iter().chain([&stack.surface.log()]) {
+        assert!(
+            !log.contains(&password),
+            "a log shows the database password"
+        );
+    }
 }
