@@ -85,7 +85,7 @@ impl Leases {
                 renewal: None,
             });
         };
-        let mut waited = false;
+        let (mut waited, mut failing) = (false, false);
         let token = loop {
             match self.try_take(db, chat).await {
                 Ok(Some(token)) => break token,
@@ -94,7 +94,14 @@ impl Leases {
                     waited = true;
                 }
                 Ok(None) => {}
-                Err(e) => warn!(chat_id = %chat, error = %e, "cannot take the chat's lease"),
+                // Once per outage, not every poll (a database restart lasts seconds).
+                Err(e) if !failing => {
+                    warn!(chat_id = %chat, error = %e, "cannot take the chat's lease; trying again");
+                    failing = true;
+                }
+                Err(e) => {
+                    tracing::debug!(chat_id = %chat, error = %e, "still cannot take the chat's lease")
+                }
             }
             tokio::select! {
                 _ = cancel.cancelled() => return None,
