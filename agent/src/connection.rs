@@ -97,6 +97,18 @@ impl Outbox {
         .await
     }
 
+    /// Tells the peer that this chat's stored state cannot be read now, and closes (the surface
+    /// reconnects and asks again).
+    pub async fn refuse_unreadable_state(&self) {
+        let _ = self
+            .error(
+                ErrorCode::Internal,
+                "the agent cannot read this chat's state",
+            )
+            .await;
+        self.close(CloseReason::Internal).await;
+    }
+
     /// Whether the connection is gone (nothing sent now reaches the surface).
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()

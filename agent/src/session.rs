@@ -60,13 +60,7 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
         Err(e) => {
             // They stay stored; the surface reconnects and they are resumed then.
             error!(error = %e, "cannot read the chat's unfinished turns");
-            let _ = out
-                .error(
-                    ErrorCode::Internal,
-                    "the agent cannot read this chat's state",
-                )
-                .await;
-            out.close(CloseReason::Internal).await;
+            out.refuse_unreadable_state().await;
             drop((conn, out));
             let _ = writer.await;
             return;

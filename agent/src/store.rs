@@ -395,36 +395,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::log::id_hash;
+    use super::suite::{end, message};
     use super::*;
-
-    fn message(seq: u64, id: &str) -> UserMessage {
-        UserMessage {
-            seq,
-            id: id.into(),
-            room_id: "!r:x".into(),
-            thread_root: None,
-            sender: Sender {
-                user_id: "@a:b".into(),
-                display_name: None,
-            },
-            text: format!("text {seq}"),
-            attachments: vec![WorkspacePath::new("chats/c1/a").unwrap()],
-            attachment_info: BTreeMap::new(),
-            context: vec![],
-            timestamp_ms: seq,
-        }
-    }
-
-    fn end(id: &str, output: &str) -> TurnEnd {
-        TurnEnd {
-            id: id.into(),
-            status: TurnStatus::Completed,
-            output: output.into(),
-            sent_files: vec![],
-            error: None,
-            perceived: BTreeMap::new(),
-        }
-    }
 
     fn log_path(dir: &Path) -> PathBuf {
         dir.join("chats/c1.jsonl")

@@ -248,13 +248,13 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
     }
     if wants(Phase::State) {
         match std::env::var("MXBRIDGE_TEST_DATABASE_URL") {
-            Ok(admin) => {
+            Ok(_) => {
                 let (chats, per_chat) = if sizes.smoke { (4, 10) } else { (12, 50) };
                 note(&format!(
                     "agent state: {chats} chats x {per_chat} turns on the file store, \
                      PostgreSQL with 1 agent and with 3"
                 ));
-                out.extend(state::measure(&admin, chats, per_chat).await?);
+                out.extend(state::measure(chats, per_chat).await?);
             }
             Err(_) => note("agent state: skipped, MXBRIDGE_TEST_DATABASE_URL is not set"),
         }

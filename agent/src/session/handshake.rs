@@ -62,13 +62,7 @@ pub(super) async fn welcome(
         Err(e) => {
             // Without it the surface cannot know what to resend: it reconnects and asks again.
             error!(error = %e, "cannot read the chat's last sequence number");
-            let _ = out
-                .error(
-                    ErrorCode::Internal,
-                    "the agent cannot read this chat's state",
-                )
-                .await;
-            out.close(CloseReason::Internal).await;
+            out.refuse_unreadable_state().await;
             return false;
         }
     };

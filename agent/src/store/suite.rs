@@ -35,7 +35,7 @@ fn chat() -> ChatId {
     ChatId::new("c1").unwrap()
 }
 
-fn message(seq: u64, id: &str) -> UserMessage {
+pub(super) fn message(seq: u64, id: &str) -> UserMessage {
     UserMessage {
         seq,
         id: id.into(),
@@ -53,7 +53,7 @@ fn message(seq: u64, id: &str) -> UserMessage {
     }
 }
 
-fn end(id: &str, output: &str) -> TurnEnd {
+pub(super) fn end(id: &str, output: &str) -> TurnEnd {
     TurnEnd {
         id: id.into(),
         status: TurnStatus::Completed,

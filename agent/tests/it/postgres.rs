@@ -10,7 +10,7 @@ use protocol::{ApprovalDecision, Decision, EndStatus, Secret, ToSurface};
 use crate::support::*;
 
 /// A fresh database on the test server, or `None` (said on stderr) when there is none.
-async fn scratch() -> Option<String> {
+pub(crate) async fn scratch() -> Option<String> {
     let Ok(admin) = std::env::var("MXBRIDGE_TEST_DATABASE_URL") else {
         eprintln!("MXBRIDGE_TEST_DATABASE_URL is not set: skipping a PostgreSQL test");
         return None;

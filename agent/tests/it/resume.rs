@@ -95,11 +95,8 @@ async fn an_interrupted_turn_resumes_after_its_steps_with_the_file_store() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_turn_resumes_after_its_steps_with_postgres() {
-    let Ok(admin) = std::env::var("MXBRIDGE_TEST_DATABASE_URL") else {
-        eprintln!("MXBRIDGE_TEST_DATABASE_URL is not set: skipping a PostgreSQL test");
+    let Some(url) = crate::postgres::scratch().await else {
         return;
     };
-    let name = format!("it_{:016x}", rand::random::<u64>());
-    let url = agent::db::create_scratch(&admin, &name).await.unwrap();
     interrupted_turn_resumes(Some(url)).await;
 }

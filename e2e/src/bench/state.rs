@@ -137,38 +137,23 @@ async fn chat(base: &str, room: &str, turns: usize) -> Result<Vec<f64>> {
     Ok(acks)
 }
 
-/// A new database on the server of `admin` (the test command's or the benchmark's PostgreSQL).
-async fn scratch(admin: &str) -> Result<String> {
-    let name = format!("bench_{:016x}", rand::random::<u64>());
-    let (client, connection) = tokio_postgres::connect(admin, tokio_postgres::NoTls).await?;
-    let driver = tokio::spawn(connection);
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await?;
-    drop(client);
-    let _ = driver.await;
-    let Some((server, rest)) = admin.rsplit_once('/') else {
-        bail!("not a postgres:// URL");
-    };
-    let query = rest
-        .split_once('?')
-        .map(|(_, q)| format!("?{q}"))
-        .unwrap_or_default();
-    Ok(format!("{server}/{name}{query}"))
-}
-
 /// Measures the three configurations with `chats` chats of `per_chat` turns each.
-pub async fn measure(admin: &str, chats: usize, per_chat: usize) -> Result<RunFigures> {
+pub async fn measure(chats: usize, per_chat: usize) -> Result<RunFigures> {
+    let scratch = || async {
+        crate::postgres::scratch_database("bench")
+            .await?
+            .context("MXBRIDGE_TEST_DATABASE_URL is not set")
+    };
     let files = {
         let agents = Agents::start(1, None).await?;
         load(&agents, chats, per_chat, "files").await?
     };
     let pg1 = {
-        let agents = Agents::start(1, Some(&scratch(admin).await?)).await?;
+        let agents = Agents::start(1, Some(&scratch().await?)).await?;
         load(&agents, chats, per_chat, "pg1").await?
     };
     let pg3 = {
-        let agents = Agents::start(3, Some(&scratch(admin).await?)).await?;
+        let agents = Agents::start(3, Some(&scratch().await?)).await?;
         // Settle: the other two agents found the schema migrated by the first.
         tokio::time::sleep(Duration::from_millis(200)).await;
         load(&agents, chats, per_chat, "pg3").await?
