@@ -165,11 +165,6 @@ impl Chat {
         self.record.lock().await.allow_always(user, key).await
     }
 
-    /// The completed steps of pending turn `id`, in order.
-    pub async fn steps(&self, id: &str) -> Result<Vec<Step>, StoreError> {
-        self.record.lock().await.steps(id).await
-    }
-
     /// Records durably that step `n` of pending turn `id` completed.
     pub async fn record_step(&self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
         self.record.lock().await.record_step(id, n, step).await

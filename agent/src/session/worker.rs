@@ -18,7 +18,7 @@ use crate::lease::Held;
 use crate::link::Link;
 use crate::metrics::Queued;
 use crate::state::AppState;
-use crate::store::TurnStatus;
+use crate::store::{Begun, TurnStatus};
 use crate::turn::TurnIo;
 
 /// The turn currently running on a connection, so `cancel` can reach it.
@@ -77,16 +77,12 @@ pub(super) async fn turn_worker(
 ) {
     // A turn resumed at connect and resent by the surface is queued twice: run it once.
     let mut seen = HashSet::new();
-    // The chat's lease, kept from one turn to the next while more are queued.
+    // The chat's lease, kept from one turn to the next while more are queued (or follow at once).
     let mut kept: Option<Held> = None;
     loop {
-        if turns.is_empty() {
-            // Given back before waiting: another agent may run the chat's next turn.
-            kept = None;
-        }
         let (id, queued) = tokio::select! {
             _ = cancel.cancelled() => return,
-            next = turns.recv() => match next {
+            next = next_turn(&mut turns, &mut kept) => match next {
                 Some(next) => next,
                 None => return,
             },
@@ -123,6 +119,26 @@ pub(super) async fn turn_worker(
     }
 }
 
+/// How long a chat's lease is kept once its queue is empty, for a next turn that follows at once
+/// (messages sent in a burst, or on reading an answer): taking it again costs two statements.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The next queued turn (`None`: the connection's queue closed). A kept lease is given back
+/// when none comes within [`LINGER`], before waiting on: another agent may run the chat's next
+/// turn.
+async fn next_turn(
+    turns: &mut mpsc::UnboundedReceiver<(String, Queued)>,
+    kept: &mut Option<Held>,
+) -> Option<(String, Queued)> {
+    if kept.is_some() {
+        if let Ok(next) = tokio::time::timeout(LINGER, turns.recv()).await {
+            return next;
+        }
+        *kept = None;
+    }
+    turns.recv().await
+}
+
 #[instrument(skip_all, fields(chat_id = %chat.id, turn = %id))]
 async fn run_turn(
     app: &AppState,
@@ -133,7 +149,12 @@ async fn run_turn(
     conn_cancel: &CancellationToken,
     running: &Running,
 ) {
-    let (mut turn, history, room_id) = match chat.begin(id).await {
+    let Begun {
+        mut turn,
+        history,
+        room_id,
+        steps,
+    } = match chat.begin(id).await {
         Ok(Some(begun)) => begun,
         Ok(None) => {
             // Finished already: its answer is sent again; it does not run, so no wait counts.
@@ -147,9 +168,12 @@ async fn run_turn(
             return;
         }
     };
-    let Some(steps) = recorded_steps(chat, id).await else {
-        return;
-    };
+    if !steps.is_empty() {
+        info!(
+            steps = steps.len(),
+            "the turn was interrupted; it resumes after its recorded steps"
+        );
+    }
     let waited = queued.started();
     info!(
         seq = turn.seq,
@@ -196,26 +220,6 @@ async fn run_turn(
         return;
     }
     finish(chat, link, id, result, io, started).await;
-}
-
-/// The steps an earlier run of turn `id` completed; `None` if they cannot be read (the turn
-/// stays pending and runs on the next connection).
-async fn recorded_steps(chat: &Chat, id: &str) -> Option<Vec<crate::store::Step>> {
-    match chat.steps(id).await {
-        Ok(steps) => {
-            if !steps.is_empty() {
-                info!(
-                    steps = steps.len(),
-                    "the turn was interrupted; it resumes after its recorded steps"
-                );
-            }
-            Some(steps)
-        }
-        Err(e) => {
-            error!(error = %e, "cannot read the turn's recorded steps");
-            None
-        }
-    }
 }
 
 /// Runs the brain on `input` until it ends or `cancel` fires (`None`); a turn cancelled while

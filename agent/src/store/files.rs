@@ -32,9 +32,16 @@ impl ChatRecord for ChatLog {
 
     async fn begin(&mut self, id: &str) -> Result<Option<Begun>, StoreError> {
         let room_id = self.room_id().map(str::to_owned);
-        Ok(ChatLog::begin(self, id)
-            .await?
-            .map(|(turn, history)| (turn, history, room_id)))
+        let Some((turn, history)) = ChatLog::begin(self, id).await? else {
+            return Ok(None);
+        };
+        let steps = ChatLog::steps(self, id).await?;
+        Ok(Some(Begun {
+            turn,
+            history,
+            room_id,
+            steps,
+        }))
     }
 
     async fn turn(&mut self, id: &str) -> Result<Option<TurnRecord>, StoreError> {

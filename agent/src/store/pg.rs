@@ -2,8 +2,8 @@
 //! nothing is cached in the process, so whichever agent serves a chat next finds all of it.
 //!
 //! A turn is a row of `turns` (the message as admitted in `record`, how it ended in `ended`);
-//! admission locks the chat's row (`SELECT … FOR UPDATE`) for the decision and the insert, so
-//! two agents given the same message at once store it once.
+//! admission is one call of `admit_turn` (migration V3), which locks the chat's row for the
+//! look-up and the insert, so two agents given the same message at once store it once.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ use protocol::{ChatId, UserMessage, WorkspacePath};
 use tokio_postgres::Row;
 use tokio_postgres::types::Json;
 
-use super::admission::{Admission, decide, warn_out_of_line};
+use super::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, decide, warn_out_of_line};
 use super::record::{Begun, ChatRecord};
 use super::{History, Perceived, RECENT_TURNS, Step, StoreError, TurnEnd, TurnRecord, TurnStatus};
 use crate::db::{Database, DbError, Imported, describe};
@@ -131,49 +131,22 @@ impl PgChat {
 
 impl ChatRecord for PgChat {
     async fn admit(&mut self, msg: &UserMessage) -> Result<Admission, StoreError> {
-        let mut client = self.db.get().await?;
-        let tx = client.transaction().await.map_err(db_error)?;
-        // Creates the chat's row if needed and locks it: admissions of one chat take turns.
-        let last_seq: i64 = crate::db::query_one(
-            &tx,
-            "INSERT INTO chats (chat_id) VALUES ($1) ON CONFLICT (chat_id) \
-             DO UPDATE SET last_seq = chats.last_seq RETURNING last_seq",
-            &[&self.chat_id],
-        )
-        .await
-        .map_err(db_error)?
-        .get(0);
-        // A statement of its own, so it sees what committed before the lock was granted.
-        let stored = crate::db::query_opt(
-            &tx,
-            "SELECT 1 FROM turns WHERE chat_id = $1 AND id = $2",
-            &[&self.chat_id, &msg.id],
-        )
-        .await
-        .map_err(db_error)?
-        .is_some();
-        let last_seq = u64::try_from(last_seq).unwrap_or(0);
-        let admission = decide(stored, msg.seq, last_seq);
-        if admission != Admission::New {
-            return Ok(admission);
-        }
-        warn_out_of_line(msg.seq, last_seq);
+        let client = self.db.get().await?;
         let turn = TurnRecord::from_message(msg);
         let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
-        let attachments = i64::from(attachments);
-        crate::db::execute(
-            &tx,
-            "WITH c AS (UPDATE chats SET room_id = COALESCE(room_id, $6), \
-             thread_root = COALESCE(thread_root, $7), last_seq = GREATEST(last_seq, $3), \
-             turns = turns + 1, attachments = attachments + $4 WHERE chat_id = $1 \
-             RETURNING turns, attachments - $4 AS before) \
-             INSERT INTO turns (chat_id, n, id, seq, status, attachments, attachments_before, \
-             record) SELECT $1, c.turns, $2, $3, 'pending', $4, c.before, $5 FROM c",
+        // One round trip (migration V3): the function locks the chat's row, looks the id up and
+        // stores the turn when `decide` would say "new", with `decide`'s bounds.
+        let row = crate::db::query_one(
+            &client,
+            "SELECT was_stored, prior_last_seq, inserted \
+             FROM admit_turn($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             &[
                 &self.chat_id,
                 &msg.id,
                 &big(msg.seq),
-                &attachments,
+                &big(MAX_SEQ),
+                &big(MAX_SEQ_AHEAD),
+                &i64::from(attachments),
                 &Json(&turn),
                 &msg.room_id,
                 &msg.thread_root,
@@ -181,8 +154,22 @@ impl ChatRecord for PgChat {
         )
         .await
         .map_err(db_error)?;
-        tx.commit().await.map_err(db_error)?;
-        Ok(Admission::New)
+        let (stored, last_seq, inserted): (bool, i64, bool) = (row.get(0), row.get(1), row.get(2));
+        let last_seq = u64::try_from(last_seq).unwrap_or(0);
+        let admission = decide(stored, msg.seq, last_seq);
+        if inserted != (admission == Admission::New) {
+            // The function and `decide` disagree: a schema that does not match this agent.
+            return Err(StoreError::Database(format!(
+                "admission of {} in chat {}: the database {} the turn, the agent decided {admission:?}",
+                msg.id,
+                self.chat_id,
+                if inserted { "stored" } else { "did not store" }
+            )));
+        }
+        if admission == Admission::New {
+            warn_out_of_line(msg.seq, last_seq);
+        }
+        Ok(admission)
     }
 
     async fn last_seq(&mut self) -> Result<u64, StoreError> {
@@ -211,14 +198,16 @@ impl ChatRecord for PgChat {
 
     async fn begin(&mut self, id: &str) -> Result<Option<Begun>, StoreError> {
         let client = self.db.get().await?;
-        // The turn, its room and the turns before it, in one round trip: `n - 1` turns came
-        // before, with `attachments_before` attachments; the last few in full.
+        // The turn, its room, the turns before it and its recorded steps, in one round trip:
+        // `n - 1` turns came before, with `attachments_before` attachments; the last few in full.
         let Some(row) = crate::db::query_opt(
             &client,
             "SELECT t.n, t.attachments_before, t.record, t.ended, c.room_id, \
              (SELECT COALESCE(jsonb_agg(jsonb_build_array(r.record, r.ended) ORDER BY r.n), \
              '[]'::jsonb) FROM (SELECT n, record, ended FROM turns \
-             WHERE chat_id = $1 AND n < t.n ORDER BY n DESC LIMIT $3) r) AS recent \
+             WHERE chat_id = $1 AND n < t.n ORDER BY n DESC LIMIT $3) r) AS recent, \
+             (SELECT COALESCE(jsonb_agg(s.step ORDER BY s.n), '[]'::jsonb) FROM turn_steps s \
+             WHERE s.chat_id = $1 AND s.turn_id = $2) AS steps \
              FROM turns t JOIN chats c ON c.chat_id = t.chat_id \
              WHERE t.chat_id = $1 AND t.id = $2 AND t.status = 'pending'",
             &[&self.chat_id, &id, &big(RECENT_TURNS as u64)],
@@ -249,12 +238,24 @@ impl ChatRecord for PgChat {
                 turn
             })
             .collect();
+        let Json(steps): Json<Vec<Step>> = row.try_get("steps").map_err(|e| {
+            StoreError::Database(format!(
+                "unreadable steps of turn {id} in chat {}: {}",
+                self.chat_id,
+                describe(&e)
+            ))
+        })?;
         let history = History {
             earlier: usize::try_from(n - 1).unwrap_or(0),
             attachments: usize::try_from(before).unwrap_or(0),
             recent,
         };
-        Ok(Some((turn, history, room_id)))
+        Ok(Some(Begun {
+            turn,
+            history,
+            room_id,
+            steps,
+        }))
     }
 
     async fn turn(&mut self, id: &str) -> Result<Option<TurnRecord>, StoreError> {

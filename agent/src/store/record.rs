@@ -13,8 +13,18 @@ use protocol::{UserMessage, WorkspacePath};
 use super::admission::Admission;
 use super::{History, Perceived, Step, StoreError, TurnEnd, TurnRecord};
 
-/// A pending turn as a brain gets it: the turn, what came before it, and the chat's room.
-pub type Begun = (TurnRecord, History, Option<String>);
+/// A pending turn as a brain gets it, read in one go.
+#[derive(Debug)]
+pub struct Begun {
+    /// The turn as admitted.
+    pub turn: TurnRecord,
+    /// What came before it.
+    pub history: History,
+    /// The chat's room, known from its first turn.
+    pub room_id: Option<String>,
+    /// The steps an interrupted earlier run of the turn completed, in order.
+    pub steps: Vec<Step>,
+}
 
 /// One chat's durable record.
 pub trait ChatRecord: Send {
@@ -32,7 +42,8 @@ pub trait ChatRecord: Send {
     /// Ids of stored turns that have not finished, in arrival order.
     fn pending(&mut self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 
-    /// The pending turn `id` with what came before it; `None` if it is not pending.
+    /// The pending turn `id` with what came before it and its recorded steps; `None` if it is
+    /// not pending.
     fn begin(&mut self, id: &str)
     -> impl Future<Output = Result<Option<Begun>, StoreError>> + Send;
 

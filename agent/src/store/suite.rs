@@ -7,7 +7,7 @@ use protocol::{ChatId, Sender, UserMessage, WorkspacePath};
 
 use super::admission::{Admission, MAX_SEQ_AHEAD};
 use super::{
-    AnyChat, Backend, ChatRecord, Perceived, RECENT_TURNS, Step, Store, TurnEnd, TurnStatus,
+    AnyChat, Backend, Begun, ChatRecord, Perceived, RECENT_TURNS, Step, Store, TurnEnd, TurnStatus,
 };
 use crate::db::test_database;
 
@@ -113,14 +113,20 @@ async fn a_turn_begins_with_its_history_and_ends_once() {
         c.finish(end("$1", "one")).await.unwrap();
         assert!(c.begin("$1").await.unwrap().is_none(), "finished");
         let mut c = open(&backend);
-        let (turn, history, room) = c.begin(&format!("${last}")).await.unwrap().unwrap();
+        let Begun {
+            turn,
+            history,
+            room_id: room,
+            steps,
+        } = c.begin(&format!("${last}")).await.unwrap().unwrap();
+        assert!(steps.is_empty());
         assert_eq!(turn.text, format!("text {last}"));
         assert_eq!(room.as_deref(), Some("!r:x"));
         assert_eq!(history.earlier, last as usize - 1);
         assert_eq!(history.attachments, last as usize - 1);
         assert_eq!(history.recent.len(), RECENT_TURNS);
         assert_eq!(history.recent[RECENT_TURNS - 1].seq, last - 1);
-        let (_, history, _) = c.begin("$2").await.unwrap().unwrap();
+        let history = c.begin("$2").await.unwrap().unwrap().history;
         assert_eq!(history.recent[0].output, "one");
         assert_eq!(history.recent[0].status, TurnStatus::Completed);
         let done = c.turn("$1").await.unwrap().unwrap();
@@ -146,7 +152,7 @@ async fn what_was_perceived_stays_through_the_end() {
         c.perceive("$1", heard.clone()).await.unwrap();
         assert_eq!(c.pending().await.unwrap(), ["$1"], "still pending");
         let mut c = open(&backend);
-        assert_eq!(c.begin("$1").await.unwrap().unwrap().0.perceived, heard);
+        assert_eq!(c.begin("$1").await.unwrap().unwrap().turn.perceived, heard);
         c.finish(end("$1", "done")).await.unwrap();
         let mut c = open(&backend);
         let turn = c.turn("$1").await.unwrap().unwrap();
@@ -225,6 +231,10 @@ async fn a_pending_turns_steps_are_kept_until_it_ends() {
         c.record_step("$nope", 0, &brain).await.unwrap();
         let mut c = open(&backend);
         assert_eq!(c.steps("$1").await.unwrap(), [brain.clone(), tool.clone()]);
+        // A turn begins with them (one read for the worker).
+        let begun = c.begin("$1").await.unwrap().unwrap();
+        assert_eq!(begun.steps, [brain.clone(), tool.clone()]);
+        assert!(c.begin("$2").await.unwrap().unwrap().steps.is_empty());
         assert!(c.steps("$2").await.unwrap().is_empty());
         assert!(c.steps("$nope").await.unwrap().is_empty());
         c.finish(end("$1", "done")).await.unwrap();
