@@ -209,15 +209,16 @@ impl Link {
 
     /// Asks the surface to post `path` to the room and waits for its `delivery_result` (so a
     /// tool never reports "sent" for a file the room did not get); `None` when no report came
-    /// within the delivery timeout.
+    /// within the delivery timeout. `request_id` is unique in the turn and the same when the
+    /// turn runs the request again: the surface posts the file once per request id.
     pub async fn send_file(
         &self,
         turn: &str,
+        request_id: String,
         path: WorkspacePath,
         caption: Option<String>,
         voice: bool,
     ) -> Result<Option<DeliveryResult>, Closed> {
-        let request_id = new_id("send");
         let send = SendFile {
             turn: turn.to_owned(),
             request_id: request_id.clone(),

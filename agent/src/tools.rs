@@ -106,6 +106,9 @@ pub struct ToolCx<'a> {
     pub memory: &'a Memory,
     /// Pictures for the model (`view_image`).
     pub perception: &'a Perception,
+    /// The number of this call's step in the turn: the same when an interrupted turn runs the
+    /// call again, so its effects are keyed by it (a file's delivery is posted once).
+    pub step: u32,
 }
 
 /// A tool: typed arguments and a function over the confined workspace.

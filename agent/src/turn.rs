@@ -240,6 +240,7 @@ impl TurnIo {
             link: &self.link,
             memory: &self.memory,
             perception: &self.perception,
+            step: self.next_step,
         };
         let outcome = self
             .registry

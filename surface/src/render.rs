@@ -18,6 +18,15 @@ pub fn txn_id(trigger_event_id: &str, index: u32) -> OwnedTransactionId {
     hashed_txn("turn", &[trigger_event_id.as_bytes(), &index.to_be_bytes()])
 }
 
+/// The transaction id for posting the file of the agent's `send_file` request `request_id` in
+/// the turn of `trigger_event_id`.
+pub fn file_txn_id(trigger_event_id: &str, request_id: &str) -> OwnedTransactionId {
+    hashed_txn(
+        "file",
+        &[trigger_event_id.as_bytes(), request_id.as_bytes()],
+    )
+}
+
 /// The transaction id for posting an outbox file: its path plus its content hash, so the same
 /// file is posted once and a changed file under the same name is posted again.
 pub fn outbox_txn_id(path: &WorkspacePath, sha256_hex: &str) -> OwnedTransactionId {
@@ -435,6 +444,10 @@ mod tests {
         assert_eq!(outbox_txn_id(&p, "ab"), outbox_txn_id(&p, "ab"));
         assert_ne!(outbox_txn_id(&p, "ab"), outbox_txn_id(&p, "cd"));
         assert_ne!(notice_txn_id("$e1", "a"), notice_txn_id("$e1", "b"));
+        let f = file_txn_id("$e1", "send-$e1-2");
+        assert_eq!(f, file_txn_id("$e1", "send-$e1-2"), "a request run again");
+        assert_ne!(f, file_txn_id("$e1", "send-$e1-3"));
+        assert_ne!(f, file_txn_id("$e2", "send-$e1-2"));
     }
 
     #[test]

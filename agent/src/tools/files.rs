@@ -296,7 +296,13 @@ impl Tool for SendFileTool {
         .await?;
         let report = cx
             .link
-            .send_file(cx.turn, args.path.clone(), args.caption, args.voice)
+            .send_file(
+                cx.turn,
+                format!("send-{}-{}", cx.turn, cx.step),
+                args.path.clone(),
+                args.caption,
+                args.voice,
+            )
             .await
             .map_err(|_| ToolError::Disconnected)?;
         let text = match report {

@@ -100,3 +100,48 @@ async fn an_interrupted_turn_resumes_after_its_steps_with_postgres() {
     };
     interrupted_turn_resumes(Some(url)).await;
 }
+
+/// A `send_file` whose turn was cut off before its delivery was reported runs again with the
+/// same request id, so the surface (which posts once per request id) does not post it twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_send_run_again_keeps_its_request_id() {
+    let fake = Fake::default();
+    let path = format!("chats/{}/report.txt", chat());
+    let send = json!({ "path": path });
+    let base = fake
+        .start(vec![
+            sse(&[
+                tool_call(0, "c1", "send_file", &send.to_string()),
+                json!({"choices":[{"delta":{},"finish_reason":"tool_calls"}]}),
+            ]),
+            sse(&[json!({"choices":[{"delta":{"content":"Sent."},"finish_reason":"stop"}]})]),
+        ])
+        .await;
+    let tweak = |c: &mut agent::Config| {
+        c.brain = BrainConfig::OpenAi(OpenAiConfig::new(base.clone(), "fake-model", None));
+    };
+    let agent = TestAgent::start_with(tweak).await;
+    let file = agent.ws_path(&path);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, "the report").unwrap();
+    let first = {
+        let (mut c, _) = agent.connect(&chat()).await;
+        c.submit(message(1, "$f1", "send me the report")).await;
+        // The connection ends before the surface reports the delivery.
+        loop {
+            match c.recv().await.expect("open") {
+                ToSurface::SendFile(f) => break f.request_id,
+                _ => continue,
+            }
+        }
+    };
+    let (mut c, _) = agent.connect(&chat()).await;
+    let again = c.until(|m| matches!(m, ToSurface::SendFile(_))).await;
+    let Some(ToSurface::SendFile(f)) = again.messages.last() else {
+        unreachable!()
+    };
+    assert_eq!(f.request_id, first, "the same request, not a new one");
+    let t = c.until_end("$f1").await;
+    assert_eq!(t.end().status, EndStatus::Completed);
+    assert!(t.text().ends_with("Sent."), "{}", t.text());
+}

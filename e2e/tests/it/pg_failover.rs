@@ -353,6 +353,16 @@ async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_rest
         t.recalled,
         t.files_once
     );
+    if !report.is_clean() || (t.history_ok, t.recalled, t.files_once) != (n, n, n) {
+        // The whole logs, for the ids of what went wrong (a dump shows only their tails).
+        let dir = std::env::temp_dir().join(format!("mxbridge-pg-failover-{seed}"));
+        let _ = std::fs::create_dir_all(&dir);
+        for (name, log) in ["agent-0", "agent-1", "agent-2"].iter().zip(&logs) {
+            let _ = std::fs::write(dir.join(format!("{name}.log")), log);
+        }
+        let _ = std::fs::write(dir.join("surface.log"), stack.surface.log());
+        eprintln!("pg_failover: logs kept in {}", dir.display());
+    }
     assert!(report.is_clean(), "{report:#?}");
     assert_eq!(report.messages, n * PER_CHAT);
     assert_eq!(kills, AGENT_KILLS);

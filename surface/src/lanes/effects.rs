@@ -404,7 +404,10 @@ impl Lane {
         let delivery = match result {
             Ok(content) => {
                 let content = turn.target.apply(content);
-                match self.post(turn, content, Purpose::File).await {
+                // Keyed by the request: an agent that runs the turn's request again after a crash
+                // gets the first post's event, and the room sees the file once.
+                let txn = render::file_txn_id(&turn.turn, &f.request_id);
+                match self.post_as(turn, content, Purpose::File, txn).await {
                     Some(id) => {
                         info!(event_id = %id, "file posted");
                         DeliveryResult {
