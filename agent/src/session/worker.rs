@@ -5,15 +5,15 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use protocol::{End, EndStatus};
+use protocol::{End, EndStatus, ErrorCode};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, instrument};
+use tracing::{error, info, instrument, warn};
 
 use crate::brain::{BrainError, TurnInput};
 use crate::chat::Chat;
 use crate::confine::{ChatScope, ScopedWorkspace};
-use crate::connection::Outbox;
+use crate::connection::{CloseReason, Outbox};
 use crate::lease::Held;
 use crate::link::Link;
 use crate::metrics::Queued;
@@ -266,11 +266,18 @@ async fn finish(
         }
     };
     let (output, sent_files) = io.into_output();
-    if let Err(e) = chat
-        .finish(id, status, output, sent_files, error.clone())
-        .await
-    {
-        error!(error = %e, "cannot record the end of the turn");
+    if !record_end(chat, link, id, status, output, sent_files, error.clone()).await {
+        // Stays pending and runs again: an `end` now would make the surface forget a turn that
+        // is not over, and drop what its next run sends. It reconnects and resends it instead.
+        let _ = link
+            .out
+            .error(
+                ErrorCode::Internal,
+                "the agent could not store the end of a turn",
+            )
+            .await;
+        link.out.close(CloseReason::Internal).await;
+        return;
     }
     let end_status = end_status(status);
     crate::metrics::turn(
@@ -289,6 +296,45 @@ async fn finish(
             error,
         })
         .await;
+}
+
+/// How long the end of a turn is tried to be stored (a database restart takes seconds).
+const END_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Stores how turn `id` ended, trying again for [`END_PATIENCE`] while the surface is there;
+/// whether it is stored.
+async fn record_end(
+    chat: &Chat,
+    link: &Link,
+    id: &str,
+    status: TurnStatus,
+    output: String,
+    sent_files: Vec<protocol::WorkspacePath>,
+    error: Option<String>,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + END_PATIENCE;
+    let mut wait = std::time::Duration::from_millis(250);
+    loop {
+        let stored = chat
+            .finish(
+                id,
+                status,
+                output.clone(),
+                sent_files.clone(),
+                error.clone(),
+            )
+            .await;
+        match stored {
+            Ok(()) => return true,
+            Err(e) if link.out.is_closed() || tokio::time::Instant::now() + wait > deadline => {
+                error!(error = %e, "cannot record the end of the turn; it stays pending");
+                return false;
+            }
+            Err(e) => warn!(error = %e, "cannot record the end of the turn yet; trying again"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(std::time::Duration::from_secs(4));
+    }
 }
 
 fn end_status(status: TurnStatus) -> EndStatus {

@@ -151,6 +151,54 @@ async fn a_dead_agents_lease_expires_and_the_turn_runs_elsewhere() {
     }
 }
 
+/// A turn whose end the database refuses for a while is not reported ended until its end is
+/// stored: the agent tries again, and the surface gets `end` only then (an `end` for a turn
+/// still pending would make the surface forget a turn that runs again).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_ends_only_once_its_end_is_stored() {
+    let Some(url) = scratch().await else { return };
+    let a = TestAgent::start_with(on(&url)).await;
+    let (mut c, _) = a.connect(&chat()).await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The database refuses to mark any turn completed (NOT VALID: no existing row is checked).
+    client
+        .batch_execute(
+            "ALTER TABLE turns ADD CONSTRAINT no_end CHECK (status <> 'completed') NOT VALID",
+        )
+        .await
+        .unwrap();
+    let refusing = std::time::Duration::from_millis(1500);
+    let lifted = tokio::spawn(async move {
+        tokio::time::sleep(refusing).await;
+        client
+            .batch_execute("ALTER TABLE turns DROP CONSTRAINT no_end")
+            .await
+            .unwrap();
+        client
+    });
+    let started = std::time::Instant::now();
+    let t = c.turn(message(1, "$e1", "hello")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{}", t.text());
+    assert!(
+        started.elapsed() >= refusing,
+        "`end` came before the end was stored ({:?})",
+        started.elapsed()
+    );
+    let client = lifted.await.unwrap();
+    let status: String = client
+        .query_one(
+            "SELECT status FROM turns WHERE chat_id = $1 AND id = '$e1'",
+            &[&chat().as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "completed");
+}
+
 /// `agent import-state` on a state directory written by the file store of today's agent: the
 /// chats and memory arrive, a second run finds them there, and a chat the database has moved
 /// on with is refused, not overwritten.
