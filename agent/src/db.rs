@@ -39,6 +39,24 @@ pub struct DatabaseConfig {
     pub url: Secret,
     /// Most connections one agent opens (`AGENT_DATABASE_POOL`, default 16).
     pub pool_size: usize,
+    /// Longest any statement may run before the server cancels it ([`STATEMENT_TIMEOUT`]): a
+    /// database that holds a statup (a lock never released, an overloaded server) fails a
+    /// turn's step instead of hanging it. Migrations are not bound by it.
+    pub statement_timeout: Duration,
+}
+
+/// The default [`DatabaseConfig::statement_timeout`].
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl DatabaseConfig {
+    /// `url` with `pool_size` connections and the default statement timeout.
+    pub fn new(url: Secret, pool_size: usize) -> Self {
+        Self {
+            url,
+            pool_size,
+            statement_timeout: STATEMENT_TIMEOUT,
+        }
+    }
 }
 
 /// Why the database cannot be used.
@@ -119,10 +137,21 @@ impl Database {
 
     /// The pool, without touching the database yet.
     pub fn connect(config: &DatabaseConfig) -> Result<Self, DbError> {
-        let pg =
+        let mut pg =
             tokio_postgres::Config::from_str(config.url.expose()).map_err(|_| DbError::BadUrl)?;
+        // A server gone silent (no answer, no reset) is noticed by TCP within half a minute.
+        pg.keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3);
+        // Added to the URL's own `options`, if it has any.
+        let given = pg.get_options().unwrap_or_default().to_owned();
+        let timeout_ms = config.statement_timeout.as_millis();
+        pg.options(format!("{given} -c statement_timeout={timeout_ms}").trim());
         let mut relaxed = pg.clone();
-        relaxed.options("-c synchronous_commit=off");
+        relaxed.options(
+            format!("{given} -c statement_timeout={timeout_ms} -c synchronous_commit=off").trim(),
+        );
         // A quarter of the connections (at least one) for the relaxed writes.
         let relaxed_size = (config.pool_size / 4).max(1);
         Ok(Self {
@@ -172,6 +201,12 @@ impl Database {
     /// newer than them.
     async fn migrate(&self) -> Result<(), DbError> {
         let mut client = self.get().await?;
+        // Waiting for another agent's migration, and migrating, may take longer than a turn's
+        // statements may; the connection goes back to the pool with its limit restored.
+        client
+            .batch_execute("SET statement_timeout = 0")
+            .await
+            .map_err(connect_error)?;
         client
             .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
             .await
@@ -181,6 +216,7 @@ impl Database {
         let _ = client
             .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
             .await;
+        let _ = client.batch_execute("RESET statement_timeout").await;
         result
     }
 
@@ -359,10 +395,7 @@ pub(crate) async fn test_config() -> Option<DatabaseConfig> {
     let url = create_scratch(&admin, &name)
         .await
         .expect("create a scratch database");
-    Some(DatabaseConfig {
-        url: Secret::new(url),
-        pool_size: 8,
-    })
+    Some(DatabaseConfig::new(Secret::new(url), 8))
 }
 
 /// A fresh, migrated database on the test server (see [`test_config`]).
@@ -433,10 +466,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_bad_url_is_refused_without_echoing_it() {
-        let config = DatabaseConfig {
-            url: Secret::new("postgres://user:hunter2@host:notaport/db"),
-            pool_size: 1,
-        };
+        let config =
+            DatabaseConfig::new(Secret::new("postgres://user:hunter2@host:notaport/db"), 1);
         let e = Database::connect(&config).unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
     }

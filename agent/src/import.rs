@@ -83,11 +83,7 @@ pub async fn run(get: impl Fn(&str) -> Option<String>) -> Result<Report, ImportE
             state_dir.display()
         )));
     }
-    let db = Database::open(&DatabaseConfig {
-        url: protocol::Secret::new(url.trim()),
-        pool_size: 2,
-    })
-    .await?;
+    let db = Database::open(&DatabaseConfig::new(protocol::Secret::new(url.trim()), 2)).await?;
     import_state(&state_dir, &db).await
 }
 

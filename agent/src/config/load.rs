@@ -271,10 +271,7 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
                 "not a PostgreSQL connection URL (postgres://user@host/dbname?sslmode=require)",
             );
         }
-        Some(Some(DatabaseConfig {
-            url: Secret::new(url),
-            pool_size: pool_size?,
-        }))
+        Some(Some(DatabaseConfig::new(Secret::new(url), pool_size?)))
     }
 
     /// Transcription settings; every one is checked even while `TRANSCRIBE_MODEL` is unset

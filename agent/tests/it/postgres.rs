@@ -5,7 +5,7 @@
 
 use agent::Config;
 use agent::db::DatabaseConfig;
-use protocol::{ApprovalDecision, Decision, EndStatus, Secret, ToSurface};
+use protocol::{ApprovalDecision, Decision, EndStatus, Secret, ToAgent, ToSurface};
 
 use crate::support::*;
 
@@ -20,12 +20,7 @@ pub(crate) async fn scratch() -> Option<String> {
 }
 
 fn on(url: &str) -> impl FnOnce(&mut Config) + '_ {
-    move |c| {
-        c.database = Some(DatabaseConfig {
-            url: Secret::new(url),
-            pool_size: 8,
-        })
-    }
+    move |c| c.database = Some(DatabaseConfig::new(Secret::new(url), 8))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -197,6 +192,49 @@ async fn a_turn_ends_only_once_its_end_is_stored() {
         .unwrap()
         .get(0);
     assert_eq!(status, "completed");
+}
+
+/// A database that holds a statement up (here: a lock never released) fails it within the
+/// statement timeout: the message is refused visibly (an `error`, then the connection closes)
+/// instead of hanging, and is admitted once the database answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_held_up_by_the_database_fails_within_the_timeout() {
+    let Some(url) = scratch().await else { return };
+    let timeout = std::time::Duration::from_secs(1);
+    let a = TestAgent::start_with(|c: &mut Config| {
+        let mut db = DatabaseConfig::new(Secret::new(&url), 8);
+        db.statement_timeout = timeout;
+        c.database = Some(db);
+    })
+    .await;
+    let (mut c, _) = a.connect(&chat()).await;
+    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let lock = client.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE chats IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    c.send(ToAgent::UserMessage(message(1, "$h1", "hello")))
+        .await;
+    let refused = loop {
+        match c.recv().await {
+            Some(ToSurface::Error(e)) => break e,
+            Some(ToSurface::Ack(a)) => panic!("acknowledged while the database held it: {a:?}"),
+            Some(_) => continue,
+            None => panic!("closed without an error"),
+        }
+    };
+    assert!(refused.message.contains("could not store"), "{refused:?}");
+    let took = started.elapsed();
+    assert!(took >= timeout, "refused before the timeout: {took:?}");
+    assert!(c.recv().await.is_none(), "the connection closes");
+    lock.rollback().await.unwrap();
+    let (mut c, _) = a.connect(&chat()).await;
+    let t = c.turn(message(1, "$h1", "hello")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{}", t.text());
 }
 
 /// `agent import-state` on a state directory written by the file store of today's agent: the

@@ -34,10 +34,9 @@ async fn interrupted_turn_resumes(database: Option<String>) {
     let base = model(&fake).await;
     let tweak = |c: &mut agent::Config| {
         c.brain = BrainConfig::OpenAi(OpenAiConfig::new(base.clone(), "fake-model", None));
-        c.database = database.as_ref().map(|url| DatabaseConfig {
-            url: Secret::new(url),
-            pool_size: 4,
-        });
+        c.database = database
+            .as_ref()
+            .map(|url| DatabaseConfig::new(Secret::new(url), 4));
     };
     let mut agent = TestAgent::start_with(tweak).await;
     let out = agent.ws_path(&format!("chats/{}/out.txt", chat()));
