@@ -19,6 +19,15 @@ pub(crate) async fn scratch() -> Option<String> {
     Some(agent::db::create_scratch(&admin, &name).await.unwrap())
 }
 
+/// A plain client of the database `url`, for a test's own statements.
+async fn sql(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
 fn on(url: &str) -> impl FnOnce(&mut Config) + '_ {
     move |c| c.database = Some(DatabaseConfig::new(Secret::new(url), 8))
 }
@@ -118,10 +127,7 @@ async fn a_dead_agents_lease_expires_and_the_turn_runs_elsewhere() {
     let b = TestAgent::start_with(on(&url)).await;
     // B has created the tables once it answers a handshake.
     let (mut c, _) = b.connect(&chat()).await;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = sql(&url).await;
     client
         .execute(
             "INSERT INTO chat_leases (chat_id, holder, token, expires_at) \
@@ -154,10 +160,7 @@ async fn a_turn_ends_only_once_its_end_is_stored() {
     let Some(url) = scratch().await else { return };
     let a = TestAgent::start_with(on(&url)).await;
     let (mut c, _) = a.connect(&chat()).await;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let client = sql(&url).await;
     // The database refuses to mark any turn completed (NOT VALID: no existing row is checked).
     client
         .batch_execute(
@@ -208,10 +211,7 @@ async fn a_statement_held_up_by_the_database_fails_within_the_timeout() {
     })
     .await;
     let (mut c, _) = a.connect(&chat()).await;
-    let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+    let mut client = sql(&url).await;
     let lock = client.transaction().await.unwrap();
     lock.batch_execute("LOCK TABLE chats IN ACCESS EXCLUSIVE MODE")
         .await
