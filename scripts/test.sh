@@ -49,6 +49,14 @@ if ! "$MCP_VENV/bin/python" -c 'import mcp' 2>/dev/null; then
   python3 -m venv "$MCP_VENV" && "$MCP_VENV/bin/pip" install -q 'mcp==1.30.0'
 fi
 export MXBRIDGE_MCP_PYTHON="$MCP_VENV/bin/python"
+# A real Agent Client Protocol agent for the ACP brain's end-to-end test: Hermes from PyPI, run
+# offline against the test's own scripted model (e2e/tests/it/acp.rs).
+HERMES_VENV="$MXBRIDGE_CACHE/hermes-venv-0.19.0"
+if ! [ -x "$HERMES_VENV/bin/hermes-acp" ] || ! "$HERMES_VENV/bin/python" -c 'import acp' 2>/dev/null; then
+  rm -rf "$HERMES_VENV"
+  python3 -m venv "$HERMES_VENV" && "$HERMES_VENV/bin/pip" install -q 'hermes-agent[acp,mcp]==0.19.0'
+fi
+export MXBRIDGE_HERMES_ACP="$HERMES_VENV/bin/hermes-acp"
 # Speech for the voice-message test: espeak-ng speaks a sentence, PocketSphinx (a pinned PyPI
 # package with its model) transcribes it behind e2e/transcribe_server.py; sets
 # MXBRIDGE_SPEECH_PYTHON.

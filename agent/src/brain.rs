@@ -2,6 +2,7 @@
 //! through [`TurnIo`] (text, tools, questions). `builtin` is offline and deterministic;
 //! `openai` talks to an OpenAI-compatible chat-completions server.
 
+pub mod acp;
 pub mod builtin;
 pub mod openai;
 
@@ -38,6 +39,9 @@ pub enum BrainError {
     /// The brain stopped a turn that was going nowhere (a tool-call loop).
     #[error("stopped: {0}")]
     Stopped(String),
+    /// An ACP agent failed (would not start, answered with an error, stopped twice).
+    #[error("agent failed: {0}")]
+    Agent(String),
 }
 
 impl BrainError {
@@ -48,6 +52,7 @@ impl BrainError {
             Self::Disconnected => "the surface disconnected".to_owned(),
             Self::Model(why) => format!("the language model could not answer: {why}"),
             Self::Stopped(why) => why.clone(),
+            Self::Agent(why) => why.clone(),
         }
     }
 }
@@ -68,10 +73,22 @@ pub trait Brain: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<(), BrainError>>;
 }
 
-/// The brain selected by the configuration.
-pub fn from_config(config: &Config) -> Arc<dyn Brain> {
+/// The brain selected by the configuration (`db`: the agent's database, if its state is
+/// there).
+pub fn from_config(config: &Config, db: Option<&crate::db::Database>) -> Arc<dyn Brain> {
     match &config.brain {
         BrainConfig::Builtin => Arc::new(builtin::Builtin::new(config.test_hooks)),
         BrainConfig::OpenAi(c) => Arc::new(openai::OpenAi::new(c.clone())),
+        BrainConfig::Acp(c) => {
+            let sessions = match db {
+                Some(db) => acp::sessions::SessionIds::Postgres(db.clone()),
+                None => acp::sessions::SessionIds::Files(config.state_dir.join("acp-sessions")),
+            };
+            Arc::new(acp::Acp::new(
+                c.clone(),
+                config.workspace_root.clone(),
+                sessions,
+            ))
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! Typed configuration, loaded from environment variables and validated before anything binds.
 
+mod acp;
 mod load;
 mod mcp;
 mod vars;
 
+pub use acp::AcpConfig;
 pub use mcp::{MCP_SEPARATOR, McpConfig, McpServerConfig, McpTransport};
 pub use vars::VARS;
 
@@ -63,6 +65,8 @@ pub enum BrainConfig {
     Builtin,
     /// An OpenAI-compatible chat-completions server.
     OpenAi(OpenAiConfig),
+    /// An agent process spoken to over the Agent Client Protocol.
+    Acp(AcpConfig),
 }
 
 /// Settings of the OpenAI-compatible brain.
@@ -351,6 +355,7 @@ impl fmt::Debug for BrainConfig {
         match self {
             Self::Builtin => f.write_str("Builtin"),
             Self::OpenAi(c) => c.fmt(f),
+            Self::Acp(c) => c.fmt(f),
         }
     }
 }

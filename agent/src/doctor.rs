@@ -37,6 +37,7 @@ pub async fn doctor(get: impl Fn(&str) -> Option<String>) -> Report {
             let brain = match &config.brain {
                 BrainConfig::Builtin => "builtin".to_owned(),
                 BrainConfig::OpenAi(o) => format!("openai, model {:?}", o.model),
+                BrainConfig::Acp(a) => format!("acp, agent {:?}", a.program),
             };
             let mut findings = vec![Finding::new(
                 Level::Ok,
@@ -68,6 +69,7 @@ pub async fn check(config: &Config) -> Vec<Finding> {
     ];
     match &config.brain {
         BrainConfig::Builtin => findings.push(brain_builtin()),
+        BrainConfig::Acp(a) => findings.push(brain_acp(&a.program, find_program(&a.program))),
         BrainConfig::OpenAi(o) => {
             findings.push(model_server(o, &observe::models(o).await));
             findings.push(vision(o, &observe::vision(o).await));
@@ -300,6 +302,42 @@ pub fn brain_builtin() -> Finding {
         "brain",
         "builtin (offline, no model server needed)",
     )
+}
+
+/// Whether the ACP agent's program can be run (`found`: where it is).
+pub fn brain_acp(program: &str, found: Option<std::path::PathBuf>) -> Finding {
+    match found {
+        Some(path) => Finding::new(
+            Level::Ok,
+            "brain",
+            format!("acp: {program} is {}", path.display()),
+        ),
+        None => Finding::new(
+            Level::Fail,
+            "brain",
+            format!(
+                "acp: {program} is not an executable file, nor one in PATH; install the agent \
+                 or fix AGENT_ACP_COMMAND"
+            ),
+        ),
+    }
+}
+
+/// `program` as the agent would run it: a path, or the first executable of that name in PATH.
+fn find_program(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = std::path::PathBuf::from(program);
+        return runnable(&p).then_some(p);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join(program))
+        .find(|p| runnable(p))
 }
 
 /// The model server's answer to `GET /models`.

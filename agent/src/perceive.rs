@@ -30,7 +30,7 @@ impl Perception {
     pub fn new(config: &Config) -> Self {
         let vision = match &config.brain {
             BrainConfig::OpenAi(c) => c.vision.clone(),
-            BrainConfig::Builtin => VisionConfig::default(),
+            BrainConfig::Builtin | BrainConfig::Acp(_) => VisionConfig::default(),
         };
         Self {
             images: Images::new(vision.long_edge),

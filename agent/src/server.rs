@@ -102,6 +102,7 @@ pub async fn run(
     let (brain, model, model_server) = match &state.config.brain {
         BrainConfig::Builtin => ("builtin", String::new(), String::new()),
         BrainConfig::OpenAi(o) => ("openai", o.model.clone(), without_userinfo(&o.base_url)),
+        BrainConfig::Acp(a) => ("acp", a.program.clone(), String::new()),
     };
     info!(
         version = env!("CARGO_PKG_VERSION"),

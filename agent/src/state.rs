@@ -105,7 +105,7 @@ impl AppState {
             registry = registry.with_mcp(hub);
         }
         let registry = Arc::new(registry);
-        let brain = brain::from_config(&config);
+        let brain = brain::from_config(&config, db.as_ref());
         let perception = Perception::new(&config);
         Ok(Self {
             config: Arc::new(config),

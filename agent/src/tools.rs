@@ -6,6 +6,7 @@
 mod files;
 mod interact;
 mod mcp;
+pub(crate) use mcp::shown_within;
 mod memory;
 
 use std::collections::{BTreeMap, HashMap};
@@ -434,8 +435,16 @@ impl Registry {
         tool.call(args, cx).await
     }
 
-    /// Applies the policy of `tool` to a call on `resource`: runs it, refuses it, or asks the
-    /// user (once per turn and resource; `allow_always` is remembered for the chat).
+    /// The policy of an ACP agent's tool of `kind` (`acp__<kind>`, else `acp__*`, else ask).
+    pub fn acp_policy(&self, key: &str) -> Policy {
+        self.policies
+            .get(key)
+            .or_else(|| self.policies.get("acp__*"))
+            .copied()
+            .unwrap_or(Policy::Ask)
+    }
+
+    /// Applies the policy of `tool` to a call on `resource` (see [`Registry::permit_as`]).
     async fn permit(
         &self,
         tool: &str,
@@ -444,7 +453,22 @@ impl Registry {
         cx: &ToolCx<'_>,
         grants: &mut TurnGrants,
     ) -> Result<(), ToolError> {
-        match self.policy(tool) {
+        self.permit_as(self.policy(tool), tool, resource, summary, cx, grants)
+            .await
+    }
+
+    /// Applies `policy` to a call of `tool` on `resource`: runs it, refuses it, or asks the
+    /// user (once per turn and resource; `allow_always` is remembered for the chat).
+    pub(crate) async fn permit_as(
+        &self,
+        policy: Policy,
+        tool: &str,
+        resource: String,
+        summary: &str,
+        cx: &ToolCx<'_>,
+        grants: &mut TurnGrants,
+    ) -> Result<(), ToolError> {
+        match policy {
             Policy::Allow => Ok(()),
             Policy::Deny => Err(ToolError::Denied(tool.to_owned())),
             Policy::Ask => {

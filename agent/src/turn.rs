@@ -256,6 +256,83 @@ impl TurnIo {
         outcome
     }
 
+    /// Shows a tool call an agent runs itself (an ACP agent's) as started.
+    pub async fn tool_started(
+        &mut self,
+        call_id: &str,
+        name: &str,
+        arguments: &str,
+    ) -> Result<(), Closed> {
+        self.link
+            .emit(protocol::ToolCallChunk {
+                turn: self.turn.clone(),
+                call_id: call_id.to_owned(),
+                name: name.to_owned(),
+                arguments: arguments.to_owned(),
+            })
+            .await
+    }
+
+    /// Shows a tool call an agent runs itself as finished.
+    pub async fn tool_finished(
+        &mut self,
+        call_id: &str,
+        ok: bool,
+        output: &str,
+    ) -> Result<(), Closed> {
+        crate::metrics::tool_call("acp", if ok { "ok" } else { "error" });
+        self.link
+            .emit(protocol::ToolResult {
+                turn: self.turn.clone(),
+                call_id: call_id.to_owned(),
+                ok,
+                output: output.to_owned(),
+            })
+            .await
+    }
+
+    /// Decides whether an ACP agent may run a tool (`key`: its policy entry, `acp__<kind>`) on
+    /// `resource`, asking the user when the policy says so, as for our own tools.
+    pub async fn permit_acp(
+        &mut self,
+        key: &str,
+        resource: String,
+        summary: &str,
+    ) -> Result<(), crate::tools::ToolError> {
+        let cx = ToolCx {
+            ws: &self.ws,
+            turn: &self.turn,
+            user: &self.user,
+            link: &self.link,
+            memory: &self.memory,
+            perception: &self.perception,
+            step: self.next_step,
+        };
+        let policy = self.registry.acp_policy(key);
+        self.registry
+            .permit_as(policy, key, resource, summary, &cx, &mut self.grants)
+            .await
+    }
+
+    /// A picture the chat may read, prepared for a model: base64 data and its MIME type.
+    pub async fn picture(
+        &self,
+        path: &WorkspacePath,
+        inode: Option<u64>,
+    ) -> Option<(String, String)> {
+        use base64::Engine as _;
+        match self.perception.images.prepare(&self.ws, path, inode).await {
+            Ok(p) => Some((
+                base64::engine::general_purpose::STANDARD.encode(&p.bytes),
+                p.mime.to_string(),
+            )),
+            Err(e) => {
+                tracing::warn!(%path, error = %e, "the picture cannot be given to the agent");
+                None
+            }
+        }
+    }
+
     /// Describes a file the chat may read.
     pub async fn describe(&self, path: &WorkspacePath) -> Result<FileDescription, ConfineError> {
         let ws = self.ws.clone();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use settings::Problems;
 
+use super::acp::{self, AcpConfig};
 use super::mcp::{self, MCP_SEPARATOR, McpConfig, McpServerConfig};
 use super::{
     BrainConfig, Config, ConfigError, DatabaseConfig, Limits, ModelTuning, OpenAiConfig, Policy,
@@ -178,11 +179,34 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
         match self.get("AGENT_BRAIN").as_deref().unwrap_or("builtin") {
             "builtin" => Some(BrainConfig::Builtin),
             "openai" => self.openai().map(BrainConfig::OpenAi),
+            "acp" => self.acp().map(BrainConfig::Acp),
             other => self.fail(
                 "AGENT_BRAIN",
-                format!("unknown brain {other:?}, expected builtin or openai"),
+                format!("unknown brain {other:?}, expected builtin, openai or acp"),
             ),
         }
+    }
+
+    fn acp(&mut self) -> Option<AcpConfig> {
+        let command = self.get("AGENT_ACP_COMMAND").unwrap_or_default();
+        let command = self.check(acp::parse_command(&command));
+        let pass_env = self.get("AGENT_ACP_ENV").unwrap_or_default();
+        let pass_env = self.check(acp::parse_env(&pass_env));
+        let d = AcpConfig::new("", Vec::new());
+        let max_sessions = self.count("AGENT_ACP_SESSIONS", d.max_sessions);
+        let idle = self.duration("AGENT_ACP_IDLE", d.idle);
+        let start_timeout = self.duration("AGENT_ACP_START_TIMEOUT", d.start_timeout);
+        let turn_idle = self.duration("AGENT_ACP_TURN_IDLE", d.turn_idle);
+        let (program, args) = command?;
+        Some(AcpConfig {
+            program,
+            args,
+            pass_env: pass_env?,
+            max_sessions: max_sessions?,
+            idle: idle?,
+            start_timeout: start_timeout?,
+            turn_idle: turn_idle?,
+        })
     }
 
     fn openai(&mut self) -> Option<OpenAiConfig> {
@@ -425,14 +449,18 @@ fn parse_policy(
             *slot = policy;
             continue;
         }
-        let mcp_tool = mcp_policy_key(tool)
-            .filter(|(server, _)| servers.is_none_or(|s| s.contains_key(server.as_str())));
+        let mcp_tool = mcp_policy_key(tool).filter(|(server, tool)| {
+            // An ACP agent's tools, by kind (AGENT_BRAIN=acp).
+            (server == "acp" && (tool == "*" || ACP_TOOL_KINDS.contains(&tool.as_str())))
+                || servers.is_none_or(|s| s.contains_key(server.as_str()))
+        });
         let Some((server, tool)) = mcp_tool else {
             return Err(err(
                 VAR,
                 format!(
-                    "unknown tool {tool:?}; known tools: {}, and server__tool or server__* \
-                     of the servers in AGENT_MCP_SERVERS",
+                    "unknown tool {tool:?}; known tools: {}, server__tool or server__* \
+                     of the servers in AGENT_MCP_SERVERS, and acp__<kind> or acp__* for an \
+                     ACP agent's tools",
                     TOOL_NAMES.join(", ")
                 ),
             ));
@@ -441,6 +469,20 @@ fn parse_policy(
     }
     Ok(policies)
 }
+
+/// The kinds of an ACP agent's tool calls (`acp__<kind>` in `AGENT_TOOL_POLICY`).
+const ACP_TOOL_KINDS: &[&str] = &[
+    "read",
+    "edit",
+    "delete",
+    "move",
+    "search",
+    "execute",
+    "think",
+    "fetch",
+    "switch_mode",
+    "other",
+];
 
 /// `server__tool`, `server.tool`, `server__*` or `server.*` as (server, tool or `*`).
 fn mcp_policy_key(key: &str) -> Option<(String, String)> {

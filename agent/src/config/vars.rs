@@ -36,7 +36,37 @@ pub const VARS: &[Var] = &[
     Var::new(
         "AGENT_BRAIN",
         "builtin",
-        "builtin (offline, deterministic) or openai",
+        "builtin (offline, deterministic), openai or acp (an Agent Client Protocol agent)",
+    ),
+    Var::new(
+        "AGENT_ACP_COMMAND",
+        "",
+        "AGENT_BRAIN=acp: the agent's command line, e.g. hermes-acp or gemini --experimental-acp",
+    ),
+    Var::new(
+        "AGENT_ACP_ENV",
+        "",
+        "variables passed to the ACP agent besides PATH, HOME, locale and TMPDIR (never AGENT_*)",
+    ),
+    Var::new(
+        "AGENT_ACP_SESSIONS",
+        "4",
+        "most ACP agent processes at once (the least recently used idle one makes room)",
+    ),
+    Var::new(
+        "AGENT_ACP_IDLE",
+        "15m",
+        "an ACP session unused this long is closed (the next turn resumes it)",
+    ),
+    Var::new(
+        "AGENT_ACP_START_TIMEOUT",
+        "60s",
+        "longest wait for an ACP agent to start and open or resume a session",
+    ),
+    Var::new(
+        "AGENT_ACP_TURN_IDLE",
+        "10m",
+        "an ACP turn silent this long is cancelled",
     ),
     Var::new(
         "AGENT_TOOL_POLICY",

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+mod acp;
 mod agent_down;
 mod cli;
 mod conversation;
