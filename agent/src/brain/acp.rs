@@ -297,11 +297,14 @@ impl Brain for Acp {
     }
 }
 
+/// An agent that cannot be started or open its session fails the turn at once: running it
+/// again would fail the same way.
 fn start_failed(e: ConnError) -> Failed {
-    match e {
-        ConnError::Spawn(_) => Failed::Brain(BrainError::Agent(e.to_string())),
-        _ => Failed::Died(e.to_string()),
-    }
+    warn!(cause = %e, "the ACP agent could not start");
+    Failed::Brain(BrainError::Agent(match e {
+        ConnError::Spawn(_) => e.to_string(),
+        _ => format!("the agent could not start: {e}"),
+    }))
 }
 
 /// The turn's pictures as image blocks' data: (path, base64, MIME type).

@@ -3,6 +3,7 @@
 // Helpers outside `#[test]` functions fail tests by panicking, like the tests themselves.
 #![allow(clippy::unwrap_used)]
 
+mod acp_hostile;
 mod admission;
 mod confinement;
 mod connection;

@@ -88,9 +88,9 @@ pub enum ConnError {
     /// The program could not be started.
     #[error("the agent could not be started: {0}")]
     Spawn(String),
-    /// It did not answer in time.
-    #[error("the agent did not answer {0} in time")]
-    Timeout(&'static str),
+    /// It did not answer in time (and what it printed instead, if anything).
+    #[error("the agent did not answer {0} in time{1}")]
+    Timeout(&'static str, String),
     /// It answered with an error, or the connection broke.
     #[error("{0}")]
     Protocol(String),
@@ -108,6 +108,8 @@ pub struct Conn {
     pub events: mpsc::Receiver<Event>,
     /// Why the connection ended, once it has.
     ended: Arc<OnceLock<String>>,
+    /// The first line it printed that is not JSON, if any.
+    noise: Arc<OnceLock<String>>,
     /// What it said about itself.
     pub info: AgentInfo,
     /// For the prompt's end; weak, so that [`Conn::events`] ends when the connection does.
@@ -173,7 +175,8 @@ impl Conn {
         };
         tokio::spawn(drain_stderr(config.program.clone(), stderr));
         let ended = Arc::new(OnceLock::new());
-        let incoming = lines(stdout, ended.clone());
+        let noise = Arc::new(OnceLock::new());
+        let incoming = lines(stdout, ended.clone(), noise.clone());
         let outgoing = SinkExt::<String>::sink_map_err(
             FramedWrite::new(stdin, LinesCodec::new()),
             |e: LinesCodecError| std::io::Error::other(e.to_string()),
@@ -213,6 +216,7 @@ impl Conn {
             session,
             events,
             ended,
+            noise,
             info: AgentInfo::default(),
             events_tx: events_tx.downgrade(),
         };
@@ -258,11 +262,25 @@ impl Conn {
         fut: impl Future<Output = Result<T, agent_client_protocol::Error>>,
     ) -> Result<T, ConnError> {
         match tokio::time::timeout(limit, fut).await {
-            Err(_) => Err(ConnError::Timeout(what)),
+            Err(_) => Err(ConnError::Timeout(
+                what,
+                match self.noise.get() {
+                    Some(line) => format!("; it printed text that is not JSON: {line:?}"),
+                    None => String::new(),
+                },
+            )),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(ConnError::Protocol(match self.ended.get() {
                 Some(why) => why.clone(),
-                None => format!("{what} failed: {}", wire::shown(&e.to_string())),
+                None if agent_client_protocol::is_incoming_transport_closed(&e)
+                    || agent_client_protocol::is_connection_terminated(&e) =>
+                {
+                    format!("it exited or closed its output before answering {what}")
+                }
+                None => format!(
+                    "it answered {what} with an error: {}",
+                    wire::shown(&e.message)
+                ),
             })),
         }
     }
@@ -405,20 +423,30 @@ fn spawn(config: &AcpConfig, cwd: &Path) -> Result<Child, ConnError> {
     Ok(child)
 }
 
-/// The agent's stdout as JSON lines: others are logged and skipped; a line longer than
+/// The agent's stdout as JSON lines. Other lines are skipped (some agents print a banner): the
+/// first is kept in `noise` and logged, the rest counted at debug level. A line longer than
 /// [`MAX_LINE`] ends the stream, with the reason in `ended`.
 fn lines(
     stdout: impl AsyncRead + Send + 'static,
     ended: Arc<OnceLock<String>>,
+    noise: Arc<OnceLock<String>>,
 ) -> impl futures_util::Stream<Item = std::io::Result<String>> + Send + 'static {
+    let skipped = Arc::new(std::sync::atomic::AtomicU64::new(0));
     FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE)).filter_map(move |line| {
-        let ended = ended.clone();
+        let (ended, noise, skipped) = (ended.clone(), noise.clone(), skipped.clone());
         async move {
             match line {
                 Ok(line) if line.trim_start().starts_with('{') => Some(Ok(line)),
                 Ok(line) if line.trim().is_empty() => None,
                 Ok(line) => {
-                    warn!(line = %wire::shown_within(&line, QUOTED), "ACP agent printed a line that is not JSON; skipped");
+                    let n = skipped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let shown = wire::shown_within(&line, QUOTED);
+                    if n == 0 {
+                        warn!(line = %shown, "the ACP agent printed a line that is not JSON; skipped (later ones are counted at debug level)");
+                        let _ = noise.set(shown);
+                    } else if n.is_power_of_two() {
+                        debug!(skipped = n + 1, "lines of the ACP agent that are not JSON");
+                    }
                     None
                 }
                 Err(LinesCodecError::MaxLineLengthExceeded) => {
