@@ -54,9 +54,22 @@ export MXBRIDGE_MCP_PYTHON="$MCP_VENV/bin/python"
 HERMES_VENV="$MXBRIDGE_CACHE/hermes-venv-0.19.0"
 if ! [ -x "$HERMES_VENV/bin/hermes-acp" ] || ! "$HERMES_VENV/bin/python" -c 'import acp' 2>/dev/null; then
   rm -rf "$HERMES_VENV"
-  python3 -m venv "$HERMES_VENV" && "$HERMES_VENV/bin/pip" install -q 'hermes-agent[acp,mcp]==0.19.0'
+  python3 -m venv "$HERMES_VENV" &&
+    "$HERMES_VENV/bin/pip" install -q 'hermes-agent[acp,mcp]==0.19.0' 'agent-client-protocol==0.9.0'
 fi
 export MXBRIDGE_HERMES_ACP="$HERMES_VENV/bin/hermes-acp"
+# The official ACP Python SDK's example agents (only in its source distribution), run by that
+# venv's Python, which has the same SDK version: agent/tests/it/acp_sdk.rs.
+ACP_SDK_DIR="$MXBRIDGE_CACHE/acp-python-sdk-0.9.0"
+if [ ! -f "$ACP_SDK_DIR/examples/echo_agent.py" ]; then
+  sdist="$(mktemp -d)"
+  "$HERMES_VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$sdist" 'agent-client-protocol==0.9.0'
+  mkdir -p "$ACP_SDK_DIR"
+  tar xzf "$sdist"/agent_client_protocol-0.9.0.tar.gz -C "$ACP_SDK_DIR" --strip-components=1
+  rm -rf "$sdist"
+fi
+export MXBRIDGE_ACP_PYTHON="$HERMES_VENV/bin/python"
+export MXBRIDGE_ACP_SDK_EXAMPLES="$ACP_SDK_DIR/examples"
 # Speech for the voice-message test: espeak-ng speaks a sentence, PocketSphinx (a pinned PyPI
 # package with its model) transcribes it behind e2e/transcribe_server.py; sets
 # MXBRIDGE_SPEECH_PYTHON.

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod acp_hostile;
+mod acp_sdk;
 mod admission;
 mod confinement;
 mod connection;
