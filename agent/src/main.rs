@@ -28,6 +28,10 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(agent::perceive::pdf::HELPER_ARG.as_ref()) {
         return agent::perceive::pdf::helper_main();
     }
+    // Our tools for an ACP agent: an MCP server on stdio that it starts (brain/acp/relay.rs).
+    if std::env::args_os().nth(1).as_deref() == Some(agent::brain::acp::relay::RELAY_ARG.as_ref()) {
+        return agent::brain::acp::relay::relay_main();
+    }
     match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime.block_on(run()),
         Err(e) => {

@@ -14,6 +14,7 @@
 
 mod conn;
 mod decide;
+pub mod relay;
 pub mod sessions;
 mod wire;
 
@@ -229,6 +230,12 @@ impl Acp {
                 Ok(Some(Event::Permission(p, reply))) => {
                     let choice = permit(io, &p).await?;
                     let _ = reply.send(choice);
+                }
+                Ok(Some(Event::Tool(name, arguments, reply))) => {
+                    let own = io.scope().own_dir().clone();
+                    let arguments = decide::relayed_arguments(&arguments, &self.root, &own);
+                    let outcome = io.call_tool(&name, &arguments).await;
+                    let _ = reply.send((outcome.ok, outcome.output));
                 }
                 Ok(Some(Event::PromptDone(done))) => {
                     cancel.disarm();

@@ -64,13 +64,13 @@ fn user_texts(request: &Value) -> Vec<String> {
 fn reply(request: &Value) -> (Duration, Vec<Value>) {
     let messages = request["messages"].as_array().cloned().unwrap_or_default();
     let last = messages.last().cloned().unwrap_or_default();
-    if last["role"] == "tool" {
+    let asked = user_texts(request).last().cloned().unwrap_or_default();
+    if last["role"] == "tool" && asked.contains("write the notes") {
         return (
             Duration::from_millis(20),
             words("I wrote notes.txt for you.", "stop"),
         );
     }
-    let asked = user_texts(request).last().cloned().unwrap_or_default();
     if asked.contains("write the notes") {
         let args = json!({"path": "notes.txt", "content": "hello from hermes\n"});
         return (
@@ -78,6 +78,29 @@ fn reply(request: &Value) -> (Duration, Vec<Value>) {
             vec![
                 json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
                 "id": "call_w1", "type": "function", "function": {"name": "write_file",
+                "arguments": args.to_string()}}]}, "finish_reason": "tool_calls"}]}),
+            ],
+        );
+    }
+    if asked.contains("send me the notes") {
+        if last["role"] == "tool" {
+            return (Duration::from_millis(20), words("Sent.", "stop"));
+        }
+        // Our MCP server's send_file, under the name Hermes gives it.
+        let tool = request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .find(|n| n.contains("mxbridge") && n.ends_with("send_file"))
+            .unwrap_or("mxbridge_send_file_missing")
+            .to_owned();
+        let args = json!({"path": "notes.txt", "caption": "your notes"});
+        return (
+            Duration::from_millis(20),
+            vec![
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "id": "call_s1", "type": "function", "function": {"name": tool,
                 "arguments": args.to_string()}}]}, "finish_reason": "tool_calls"}]}),
             ],
         );
@@ -362,7 +385,33 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
         notes.display()
     );
 
-    // 3. The second turn sees the first turn's context (the session is kept).
+    // 3. The file goes to the room as native media, through our MCP server's send_file.
+    let send = user.send_text(&room, "send me the notes").await.unwrap();
+    wait_answer(
+        &stack,
+        &user,
+        &room,
+        &send,
+        "the answer after sending",
+        "Sent.",
+    )
+    .await;
+    let files: Vec<Received> = user
+        .messages_from(&room, &bot)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.thread_root.as_deref() == Some(send.as_str()) && m.msgtype == "m.file")
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].file_name(), "notes.txt");
+    let bytes = user
+        .download(files[0].source.as_ref().expect("media"))
+        .await
+        .expect("download");
+    assert_eq!(bytes, b"hello from hermes\n");
+
+    // 4. A later turn sees the first turn's context (the session is kept).
     let recall = user
         .send_text(&room, "what was my first message?")
         .await
@@ -377,7 +426,7 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
     )
     .await;
 
-    // 4. The ACP process is SIGKILLed mid-answer: the turn runs again once and completes.
+    // 5. The ACP process is SIGKILLed mid-answer: the turn runs again once and completes.
     let story = user.send_text(&room, "tell me a slow story").await.unwrap();
     user.wait_for(ACP_TURN, "the story under way", || async {
         answer_to(&user, &room, &bot, &story)
@@ -436,7 +485,7 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
         "the killed agent was reaped"
     );
 
-    // 5. The agent worker restarts: the next turn resumes the session (session/load), so the
+    // 6. The agent worker restarts: the next turn resumes the session (session/load), so the
     //    first message is still in the agent's context.
     stack.agent.stop().await;
     stack.agent.start().expect("agent again");

@@ -17,8 +17,8 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation,
-    InitializeRequest, LoadSessionRequest, NewSessionRequest, PromptRequest, ReadTextFileRequest,
-    ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    InitializeRequest, LoadSessionRequest, McpServer, NewSessionRequest, PromptRequest,
+    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
     RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification,
     WriteTextFileRequest, WriteTextFileResponse,
 };
@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LinesCodec, LinesCodecError};
 use tracing::{debug, info, warn};
 
+use super::relay::ToolSocket;
 use super::wire::{self, Permission, Update};
 use crate::config::AcpConfig;
 use crate::confine::ScopedWorkspace;
@@ -60,6 +61,9 @@ pub enum Event {
     Permission(Permission, oneshot::Sender<Option<String>>),
     /// The prompt's response: its stop reason, or why there is none.
     PromptDone(Result<String, PromptFailed>),
+    /// A call of one of our tools (through the relay, [`super::relay`]): its name and JSON
+    /// arguments; answer with whether it worked and its output.
+    Tool(String, String, oneshot::Sender<(bool, String)>),
 }
 
 /// Why a prompt has no stop reason.
@@ -114,6 +118,8 @@ pub struct Conn {
     pub info: AgentInfo,
     /// For the prompt's end; weak, so that [`Conn::events`] ends when the connection does.
     events_tx: mpsc::WeakSender<Event>,
+    /// Our tools for the agent (`None` if the socket could not be opened).
+    tools: Option<ToolSocket>,
 }
 
 /// Sends `session/cancel` when dropped while armed: a turn given up mid-prompt stops the agent.
@@ -219,7 +225,11 @@ impl Conn {
             noise,
             info: AgentInfo::default(),
             events_tx: events_tx.downgrade(),
+            tools: None,
         };
+        conn.tools = ToolSocket::open(events_tx.downgrade())
+            .inspect_err(|e| warn!(error = %e, "our tools cannot be offered to the ACP agent"))
+            .ok();
         drop(events_tx);
         conn.info = conn.initialize(config.start_timeout).await?;
         Ok(conn)
@@ -285,9 +295,23 @@ impl Conn {
         }
     }
 
+    /// The MCP servers offered with a session: ours (send_file, ask_user).
+    fn mcp_servers(&self) -> Vec<McpServer> {
+        self.tools
+            .iter()
+            .filter_map(|t| match serde_json::from_value(t.mcp_server()) {
+                Ok(server) => Some(server),
+                Err(e) => {
+                    warn!(error = %e, "our MCP server entry is not valid ACP");
+                    None
+                }
+            })
+            .collect()
+    }
+
     /// Opens a new session in `cwd`; its id.
     pub async fn new_session(&self, cwd: &Path, limit: Duration) -> Result<String, ConnError> {
-        let request = NewSessionRequest::new(cwd).mcp_servers(Vec::new());
+        let request = NewSessionRequest::new(cwd).mcp_servers(self.mcp_servers());
         let answer = self
             .call(
                 "session/new",
@@ -307,7 +331,7 @@ impl Conn {
         cwd: &Path,
         limit: Duration,
     ) -> Result<(), ConnError> {
-        let request = LoadSessionRequest::new(id.to_owned(), cwd).mcp_servers(Vec::new());
+        let request = LoadSessionRequest::new(id.to_owned(), cwd).mcp_servers(self.mcp_servers());
         self.call(
             "session/load",
             limit,

@@ -141,6 +141,29 @@ pub fn prompt_blocks(
     blocks
 }
 
+/// A relayed call's JSON arguments with its `path` made workspace-relative: an ACP agent names
+/// files by absolute path (under `root`, the workspace as it sees it) or relative to its working
+/// directory (the chat's folder, `own`). Anything else is left for the tool to refuse.
+pub fn relayed_arguments(arguments: &str, root: &Path, own: &protocol::WorkspacePath) -> String {
+    let Ok(Value::Object(mut args)) = serde_json::from_str::<Value>(arguments) else {
+        return arguments.to_owned();
+    };
+    if let Some(Value::String(path)) = args.get("path") {
+        let path = Path::new(path);
+        let rel = if path.is_absolute() {
+            path.strip_prefix(root)
+                .ok()
+                .map(|p| p.display().to_string())
+        } else {
+            Some(format!("{}/{}", own.as_str(), path.display()))
+        };
+        if let Some(rel) = rel {
+            args.insert("path".to_owned(), Value::String(rel));
+        }
+    }
+    Value::Object(args).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +199,28 @@ mod tests {
                 "{allowed} {options:?}"
             );
         }
+    }
+
+    #[test]
+    fn relayed_paths_become_workspace_paths() {
+        let own = protocol::WorkspacePath::new("chats/c1").unwrap();
+        let root = Path::new("/workspace");
+        let cases = [
+            (
+                r#"{"path":"/workspace/chats/c1/a.txt"}"#,
+                Some("chats/c1/a.txt"),
+            ),
+            (r#"{"path":"a.txt","caption":"x"}"#, Some("chats/c1/a.txt")),
+            (r#"{"path":"sub/b.png"}"#, Some("chats/c1/sub/b.png")),
+            // Left as it is: the tool refuses what is outside the workspace or not a path.
+            (r#"{"path":"/etc/passwd"}"#, Some("/etc/passwd")),
+            (r#"{"question":"why?"}"#, None),
+        ];
+        for (args, want) in cases {
+            let out: Value = serde_json::from_str(&relayed_arguments(args, root, &own)).unwrap();
+            assert_eq!(out["path"].as_str(), want, "{args}");
+        }
+        assert_eq!(relayed_arguments("not json", root, &own), "not json");
     }
 
     #[test]
