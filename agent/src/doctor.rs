@@ -69,7 +69,7 @@ pub async fn check(config: &Config) -> Vec<Finding> {
     ];
     match &config.brain {
         BrainConfig::Builtin => findings.push(brain_builtin()),
-        BrainConfig::Acp(a) => findings.push(brain_acp(&a.program, find_program(&a.program))),
+        BrainConfig::Acp(a) => findings.push(brain_acp(&a.program, observe::program(&a.program))),
         BrainConfig::OpenAi(o) => {
             findings.push(model_server(o, &observe::models(o).await));
             findings.push(vision(o, &observe::vision(o).await));
@@ -321,23 +321,6 @@ pub fn brain_acp(program: &str, found: Option<std::path::PathBuf>) -> Finding {
             ),
         ),
     }
-}
-
-/// `program` as the agent would run it: a path, or the first executable of that name in PATH.
-fn find_program(program: &str) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let runnable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let p = std::path::PathBuf::from(program);
-        return runnable(&p).then_some(p);
-    }
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join(program))
-        .find(|p| runnable(p))
 }
 
 /// The model server's answer to `GET /models`.

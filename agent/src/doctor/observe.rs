@@ -406,6 +406,23 @@ fn clean(text: &str, secrets: &[&str]) -> String {
     text.trim().to_owned()
 }
 
+/// `program` as the agent would run it: a path, or the first executable of that name in PATH.
+pub fn program(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = std::path::PathBuf::from(program);
+        return runnable(&p).then_some(p);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join(program))
+        .find(|p| runnable(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
