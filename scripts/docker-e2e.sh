@@ -184,6 +184,10 @@ export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0 # prebuilt.Dockerfile needs 
 dc config -q || die "compose config (compose.yaml + compose.local.yaml) does not validate"
 "${COMPOSE[@]}" --env-file "$REPO/.env.example" -p "$PROJECT" -f "$REPO/compose.yaml" --profile element config -q \
     || die "compose.yaml with .env.example does not validate"
+# The ACP example override (README.md, "Bring your own agent"): valid over compose.yaml. Not
+# built here (it installs Hermes from PyPI into the image; the ACP tests run Hermes on the host).
+"${COMPOSE[@]}" --env-file "$REPO/.env.example" -p "$PROJECT" -f "$REPO/compose.yaml" -f "$REPO/compose.acp.yaml" config -q \
+    || die "compose.acp.yaml over compose.yaml does not validate"
 dc down -v --remove-orphans >/dev/null 2>&1 || true # leftovers of an interrupted run
 
 FAILED=1

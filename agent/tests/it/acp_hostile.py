@@ -10,6 +10,7 @@ Modes:
   huge     answers a prompt with one 50 MB line
   escape   asks to read /etc/passwd and a file of another chat, and to write outside its folder
   ask      asks permission for an `execute` call, says what it was told
+  slow     says "working" and waits for session/cancel, then leaves a file `cancelled`
   good     answers "hello from a good agent"
 """
 
@@ -84,8 +85,16 @@ def prompt(cwd):
         outcome = r.get("result", {}).get("outcome", {})
         say(f"permission: {outcome.get('outcome')} {outcome.get('optionId')}")
         update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "failed"})
+    elif MODE == "slow":
+        say("working")
+        for line in sys.stdin:
+            if json.loads(line).get("method") == "session/cancel":
+                with open(os.path.join(cwd, "cancelled"), "w") as f:
+                    f.write("yes")
+                return "cancelled"
     else:
         say("hello from a good agent")
+    return "end_turn"
 
 
 def main():
@@ -111,8 +120,8 @@ def main():
             cwd = msg["params"]["cwd"]
             send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": SESSION}})
         elif method == "session/prompt":
-            prompt(cwd)
-            send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+            stop = prompt(cwd)
+            send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": stop}})
         elif mid is not None and method is not None:
             send({"jsonrpc": "2.0", "id": mid,
                   "error": {"code": -32601, "message": f"{method} is not supported"}})

@@ -93,7 +93,10 @@ async fn gone(mut agent: TestAgent, mode: &str) {
     agent.stop().await;
     let deadline = Instant::now() + Duration::from_secs(5);
     let needle = format!("acp_hostile.py {mode}");
-    while !processes_with(&needle).is_empty() && Instant::now() < deadline {
+    // A killed child is reaped by the runtime soon after; other tests' children come and go.
+    while (!processes_with(&needle).is_empty() || !zombies().is_empty())
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
@@ -221,4 +224,27 @@ async fn a_stuck_agent_does_not_hold_up_another_chat() {
     let t = g.turn(in_room(&good_room, 1, "$g1", "hi")).await;
     assert_eq!(t.text(), "hello from a good agent");
     gone(agent, "mute").await;
+}
+
+#[tokio::test]
+async fn a_cancelled_turn_cancels_the_agents_prompt() {
+    let agent = TestAgent::start_with(hostile("slow")).await;
+    let (chat, room) = chat_named("slow");
+    let (mut c, _) = agent.connect(&chat).await;
+    c.submit(in_room(&room, 1, "$c1", "go")).await;
+    c.until(|m| matches!(m, ToSurface::TextChunk(t) if t.text == "working"))
+        .await;
+    c.send(protocol::Cancel {
+        turn: "$c1".to_owned(),
+    })
+    .await;
+    let t = c.until_end("$c1").await;
+    assert_eq!(t.end().status, EndStatus::Cancelled, "{:?}", t.end());
+    let marker = agent.ws_path(&format!("{}/cancelled", protocol::chat_dir(&chat)));
+    let deadline = Instant::now() + DEADLINE;
+    while !marker.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(marker.exists(), "the agent got session/cancel");
+    gone(agent, "slow").await;
 }
