@@ -4,6 +4,7 @@
 //! several runs, printed as a table and written as JSON. Targets are printed as PASS/MISS and
 //! never fail the process; only a measurement that cannot be taken does.
 
+mod acp;
 mod conversation;
 mod cpu;
 mod curl;
@@ -94,6 +95,8 @@ pub enum Phase {
     /// The agent's state in PostgreSQL next to the file store: admission to `ack`, turns per
     /// second with one and three agents (needs `MXBRIDGE_TEST_DATABASE_URL`).
     State,
+    /// The ACP brain's own latency into and out of an ACP agent, next to the builtin brain.
+    Acp,
 }
 
 /// What one benchmark measures, after `--smoke` and the defaults.
@@ -154,6 +157,7 @@ impl Sizes {
                     Phase::Perceive,
                     Phase::Hear,
                     Phase::State,
+                    Phase::Acp,
                 ]
             } else {
                 args.only.clone()
@@ -259,10 +263,17 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
             Err(_) => note("agent state: skipped, MXBRIDGE_TEST_DATABASE_URL is not set"),
         }
     }
+    if wants(Phase::Acp) {
+        let turns = if sizes.smoke { 10 } else { 200 };
+        note(&format!(
+            "ACP brain: {turns} turns through an ACP agent and through the builtin brain"
+        ));
+        out.extend(acp::measure(turns).await?);
+    }
     if sizes
         .phases
         .iter()
-        .all(|p| matches!(p, Phase::Perceive | Phase::State))
+        .all(|p| matches!(p, Phase::Perceive | Phase::State | Phase::Acp))
     {
         return Ok(out);
     }
@@ -370,7 +381,7 @@ mod tests {
         assert_eq!((mixed.runs, mixed.size_mib, mixed.messages), (2, 64, 10));
         let zero = Sizes::resolve(&Args::parse_from(["bench", "--rooms", "0"]));
         assert_eq!(zero.rooms, 1, "at least one of everything");
-        assert_eq!(zero.phases.len(), 7, "every phase by default");
+        assert_eq!(zero.phases.len(), 8, "every phase by default");
         let only = Sizes::resolve(&Args::parse_from([
             "bench",
             "--only",

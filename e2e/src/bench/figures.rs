@@ -200,6 +200,12 @@ pub enum Fig {
     StateTurns,
     /// Turns per second with three agents on PostgreSQL (comparator: one agent).
     StateTurnsThree,
+    /// The ACP brain's time from a message to the ACP agent reading `session/prompt`, ms
+    /// (comparator: the builtin brain's whole path, message to its first text).
+    AcpIn(Stat),
+    /// Its time from the ACP agent writing its first chunk to that chunk reaching the surface,
+    /// ms (comparator: the same builtin path).
+    AcpOut(Stat),
 }
 
 /// How a figure reads in the report.
@@ -277,6 +283,10 @@ impl Fig {
             Fig::StateAdmit(Stat::P99),
             Fig::StateTurns,
             Fig::StateTurnsThree,
+            Fig::AcpIn(Stat::P50),
+            Fig::AcpIn(Stat::P99),
+            Fig::AcpOut(Stat::P50),
+            Fig::AcpOut(Stat::P99),
         ]);
         out
     }
@@ -509,6 +519,20 @@ impl Fig {
                 "/s",
                 "file store",
                 Some(Target::RatioAtLeast(0.8)),
+            ),
+            Fig::AcpIn(stat) => s(
+                format!("acp_in_{}_ms", stat.as_str()),
+                format!("message to ACP prompt {}", stat.as_str()),
+                "ms",
+                "builtin brain path",
+                (stat == Stat::P99).then_some(Target::WithinOf(10.0)),
+            ),
+            Fig::AcpOut(stat) => s(
+                format!("acp_out_{}_ms", stat.as_str()),
+                format!("ACP chunk to surface {}", stat.as_str()),
+                "ms",
+                "builtin brain path",
+                (stat == Stat::P99).then_some(Target::WithinOf(10.0)),
             ),
             Fig::StateTurnsThree => s(
                 "state_turns_pg_3_agents".into(),

@@ -67,6 +67,9 @@ pub enum Target {
     RatioAtMost(f64),
     /// The value itself at most this, in the figure's unit.
     AtMost(f64),
+    /// The value at most the comparator's plus this, in the figure's unit (a bridge's own time
+    /// next to a whole path it should add little to).
+    WithinOf(f64),
 }
 
 /// Whether a figure reached its target.
@@ -96,6 +99,7 @@ impl Target {
             Self::RatioAtLeast(r) => format!("≥ {}× {comparator}", trim(*r)),
             Self::RatioAtMost(r) => format!("≤ {}× {comparator}", trim(*r)),
             Self::AtMost(v) => format!("≤ {} {unit}", trim(*v)),
+            Self::WithinOf(v) => format!("≤ {comparator} + {} {unit}", trim(*v)),
         }
     }
 
@@ -106,6 +110,11 @@ impl Target {
             Self::RatioAtLeast(r) => ratio? >= r,
             Self::RatioAtMost(r) => ratio? <= r,
             Self::AtMost(v) => this? <= v,
+            // The comparator is this / ratio (a ratio of 0 or none: no verdict).
+            Self::WithinOf(v) => {
+                let (this, ratio) = (this?, ratio.filter(|r| *r > 0.0)?);
+                this - this / ratio <= v
+            }
         };
         Some(if pass { Verdict::Pass } else { Verdict::Miss })
     }
@@ -200,6 +209,9 @@ mod tests {
             (RatioAtLeast(0.9), Some(5.0), None, None),
             (RatioAtMost(1.2), None, Some(1.1), Some(Pass)),
             (RatioAtMost(1.2), None, Some(1.3), Some(Miss)),
+            (WithinOf(10.0), Some(12.0), Some(6.0), Some(Pass)),
+            (WithinOf(10.0), Some(30.0), Some(3.0), Some(Miss)),
+            (WithinOf(10.0), Some(3.0), None, None),
             (AtMost(16.0), Some(3.0), None, Some(Pass)),
             (AtMost(16.0), Some(17.5), Some(0.1), Some(Miss)),
             (AtMost(0.0), Some(0.0), None, Some(Pass)),
