@@ -485,11 +485,50 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
         "the killed agent was reaped"
     );
 
-    // 6. The agent worker restarts: the next turn resumes the session (session/load), so the
-    //    first message is still in the agent's context.
-    stack.agent.stop().await;
+    // 6. The agent worker is SIGKILLed mid-answer and started again: the surface sends the
+    //    turn again, the ACP session is resumed (session/load), and the room ends with one
+    //    answer, whole.
+    let story2 = user
+        .send_text(&room, "tell me a slow story again")
+        .await
+        .unwrap();
+    user.wait_for(ACP_TURN, "the second story under way", || async {
+        answer_to(&user, &room, &bot, &story2)
+            .await
+            .filter(|a| a.contains("bridge"))
+    })
+    .await
+    .unwrap_or_else(|e| {
+        stack.dump();
+        panic!("{e}")
+    });
+    let resumed_before = stack.agent.log().matches("ACP session resumed").count();
+    stack.agent.kill9().await;
     stack.agent.start().expect("agent again");
     stack.wait_agent_healthy().await;
+    wait_answer(
+        &stack,
+        &user,
+        &room,
+        &story2,
+        "the second story, whole, after the agent's restart",
+        "and lost none.",
+    )
+    .await;
+    let told = answer_to(&user, &room, &bot, &story2)
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        told.matches("Once upon a time").count(),
+        1,
+        "the story shown once: {told}"
+    );
+    assert!(
+        stack.agent.log().matches("ACP session resumed").count() > resumed_before,
+        "resumed with session/load after the restart"
+    );
+
+    // 7. The next turn still has the first message in the agent's context.
     let again = user
         .send_text(&room, "and my first message?")
         .await

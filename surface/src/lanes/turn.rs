@@ -111,6 +111,10 @@ pub struct TurnState {
     seq: u64,
     show_tool_calls: bool,
     text: String,
+    /// The link came back after it was down during the turn: the agent runs it again from the
+    /// start and says its text again, so the text kept from before is replaced by the first
+    /// new text (and posted as it is if none comes).
+    said_before: bool,
     /// Tool calls being streamed: call id → (name, arguments so far).
     tool_calls: HashMap<String, (String, String)>,
     recovering: bool,
@@ -132,6 +136,7 @@ impl TurnState {
             seq,
             show_tool_calls,
             text: String::new(),
+            said_before: false,
             tool_calls: HashMap::new(),
             recovering: false,
             accepted: false,
@@ -186,6 +191,9 @@ impl TurnState {
             Input::Connected { last_seq } => {
                 let was_down = std::mem::take(&mut self.link_down);
                 if last_seq >= self.seq {
+                    // The agent runs the turn again from its start and says its text again (a
+                    // resumed turn replays what it had said): not kept twice.
+                    self.said_before |= was_down && !self.text.is_empty();
                     self.accept();
                     if self.recovering && was_down {
                         steps.push(Step::Recover);
@@ -229,6 +237,9 @@ impl TurnState {
                 steps.push(Step::Finish(Outcome::Ended));
             }
             ToSurface::TextChunk(t) if mine(&t.turn) => {
+                if std::mem::take(&mut self.said_before) {
+                    self.text.clear();
+                }
                 self.text.push_str(&t.text);
                 steps.push(Step::Progress);
             }
@@ -567,6 +578,26 @@ mod tests {
                 false,
                 vec![Input::Connected { last_seq: 2 }, Input::Disconnected],
                 vec![vec![], vec![]],
+            ),
+            (
+                "a turn run again after the link was down is not said twice",
+                false,
+                vec![
+                    msg(json!({"type": "ack", "seq": 3, "duplicate": false})),
+                    text("Once upon "),
+                    Input::Disconnected,
+                    Input::Connected { last_seq: 3 },
+                    text("Once upon a time."),
+                    end("completed"),
+                ],
+                vec![
+                    vec![],
+                    vec![Step::Progress],
+                    vec![],
+                    vec![Step::Recover],
+                    vec![Step::Resume, Step::Progress],
+                    vec![answer("Once upon a time."), Step::Finish(Outcome::Ended)],
+                ],
             ),
             (
                 "news about the turn ends recovery",
