@@ -232,20 +232,26 @@ impl TurnIo {
         outcome
     }
 
+    /// What a tool gets, and the turn's grants (borrowed apart).
+    fn cx(&mut self) -> (ToolCx<'_>, &mut TurnGrants) {
+        (
+            ToolCx {
+                ws: &self.ws,
+                turn: &self.turn,
+                user: &self.user,
+                link: &self.link,
+                memory: &self.memory,
+                perception: &self.perception,
+                step: self.next_step,
+            },
+            &mut self.grants,
+        )
+    }
+
     async fn run_tool(&mut self, name: &str, arguments: &str) -> ToolOutcome {
-        let cx = ToolCx {
-            ws: &self.ws,
-            turn: &self.turn,
-            user: &self.user,
-            link: &self.link,
-            memory: &self.memory,
-            perception: &self.perception,
-            step: self.next_step,
-        };
-        let outcome = self
-            .registry
-            .invoke(name, arguments, &cx, &mut self.grants)
-            .await;
+        let registry = self.registry.clone();
+        let (cx, grants) = self.cx();
+        let outcome = registry.invoke(name, arguments, &cx, grants).await;
         if let Some(path) = &outcome.sent_file {
             self.sent_files.push(path.clone());
         }
@@ -299,18 +305,11 @@ impl TurnIo {
         resource: String,
         summary: &str,
     ) -> Result<(), crate::tools::ToolError> {
-        let cx = ToolCx {
-            ws: &self.ws,
-            turn: &self.turn,
-            user: &self.user,
-            link: &self.link,
-            memory: &self.memory,
-            perception: &self.perception,
-            step: self.next_step,
-        };
-        let policy = self.registry.acp_policy(key);
-        self.registry
-            .permit_as(policy, key, resource, summary, &cx, &mut self.grants)
+        let registry = self.registry.clone();
+        let (cx, grants) = self.cx();
+        let policy = registry.acp_policy(key);
+        registry
+            .permit_as(policy, key, resource, summary, &cx, grants)
             .await
     }
 

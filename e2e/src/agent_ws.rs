@@ -29,6 +29,25 @@ pub struct Outcome {
     pub status: Option<EndStatus>,
 }
 
+/// Message `seq` (event id `id`) from the test user in `room_id`, as a surface sends it.
+pub fn user_message(seq: u64, id: &str, room_id: &str, text: &str) -> ToAgent {
+    ToAgent::UserMessage(UserMessage {
+        seq,
+        id: id.to_owned(),
+        room_id: room_id.to_owned(),
+        thread_root: None,
+        sender: Sender {
+            user_id: "@e2e:localhost".into(),
+            display_name: None,
+        },
+        text: text.to_owned(),
+        attachments: vec![],
+        attachment_info: BTreeMap::new(),
+        context: vec![],
+        timestamp_ms: 0,
+    })
+}
+
 /// One WebSocket connection to the agent, past the handshake.
 #[derive(Debug)]
 pub struct AgentWs {
@@ -122,22 +141,8 @@ impl AgentWs {
     /// until its end. Approvals are denied, questions answered empty, file sends reported
     /// failed (nothing is uploaded).
     pub async fn turn(&mut self, seq: u64, id: &str, text: &str) -> Result<Outcome> {
-        self.send(&ToAgent::UserMessage(UserMessage {
-            seq,
-            id: id.to_owned(),
-            room_id: self.room_id.clone(),
-            thread_root: None,
-            sender: Sender {
-                user_id: "@e2e:localhost".into(),
-                display_name: None,
-            },
-            text: text.to_owned(),
-            attachments: vec![],
-            attachment_info: BTreeMap::new(),
-            context: vec![],
-            timestamp_ms: 0,
-        }))
-        .await?;
+        self.send(&user_message(seq, id, &self.room_id, text))
+            .await?;
         let mut out = Outcome::default();
         loop {
             let Some(msg) = self.next().await? else {

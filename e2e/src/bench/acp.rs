@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use protocol::{Sender, ToAgent, ToSurface, UserMessage};
+use protocol::ToSurface;
 
 use super::figures::{Fig, RunFigures, Sample, Stat};
 use super::stats::percentile;
@@ -66,22 +66,8 @@ fn now_ns() -> u128 {
 async fn first_chunk(ws: &mut AgentWs, room: &str, seq: u64) -> Result<(u128, String, u128)> {
     let id = format!("$bench-acp-{seq}");
     let sent = now_ns();
-    ws.send(&ToAgent::UserMessage(UserMessage {
-        seq,
-        id: id.clone(),
-        room_id: room.to_owned(),
-        thread_root: None,
-        sender: Sender {
-            user_id: "@bench:localhost".into(),
-            display_name: None,
-        },
-        text: "echo hello".to_owned(),
-        attachments: vec![],
-        attachment_info: BTreeMap::new(),
-        context: vec![],
-        timestamp_ms: 0,
-    }))
-    .await?;
+    ws.send(&crate::agent_ws::user_message(seq, &id, room, "echo hello"))
+        .await?;
     let mut first = None;
     loop {
         match ws.next().await? {

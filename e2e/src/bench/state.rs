@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use protocol::{Sender, ToAgent, ToSurface, UserMessage};
+use protocol::ToSurface;
 
 use super::figures::{Fig, RunFigures, Sample, Stat};
 use super::stats::percentile;
@@ -106,21 +106,12 @@ async fn chat(base: &str, room: &str, turns: usize) -> Result<Vec<f64>> {
     for seq in 1..=turns as u64 {
         let id = format!("$bench-{seq}-{room}");
         let sent = Instant::now();
-        ws.send(&ToAgent::UserMessage(UserMessage {
+        ws.send(&crate::agent_ws::user_message(
             seq,
-            id: id.clone(),
-            room_id: room.to_owned(),
-            thread_root: None,
-            sender: Sender {
-                user_id: "@bench:localhost".into(),
-                display_name: None,
-            },
-            text: format!("message {seq} of the state benchmark"),
-            attachments: vec![],
-            attachment_info: BTreeMap::new(),
-            context: vec![],
-            timestamp_ms: 0,
-        }))
+            &id,
+            room,
+            &format!("message {seq} of the state benchmark"),
+        ))
         .await?;
         loop {
             match ws.next().await? {

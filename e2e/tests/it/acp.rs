@@ -258,6 +258,23 @@ async fn wait_answer(
     })
 }
 
+/// The bot's first message in the room that contains `words`.
+async fn bot_says(stack: &Stack, user: &E2eeUser, room: &str, what: &str, words: &str) -> Received {
+    let bot = stack.bot.user_id.clone();
+    user.wait_for(ACP_TURN, what, || async {
+        user.messages_from(room, &bot)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|m| m.body.contains(words))
+    })
+    .await
+    .unwrap_or_else(|e| {
+        stack.dump();
+        panic!("{e}")
+    })
+}
+
 /// Process ids whose command line mentions `needle`.
 fn processes_with(needle: &str) -> Vec<u32> {
     processes()
@@ -353,19 +370,14 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
         .send_text(&room, "please write the notes")
         .await
         .unwrap();
-    let prompt: Received = user
-        .wait_for(ACP_TURN, "the approval prompt", || async {
-            user.messages_from(&room, &bot)
-                .await
-                .ok()?
-                .into_iter()
-                .find(|m| m.body.contains("Approval needed"))
-        })
-        .await
-        .unwrap_or_else(|e| {
-            stack.dump();
-            panic!("{e}")
-        });
+    let prompt = bot_says(
+        &stack,
+        &user,
+        &room,
+        "the approval prompt",
+        "Approval needed",
+    )
+    .await;
     assert!(prompt.body.contains("acp__edit"), "{}", prompt.body);
     user.send_text(&room, "yes").await.unwrap();
     wait_answer(
@@ -443,19 +455,14 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
     for pid in &acp {
         unsafe_kill(*pid);
     }
-    let told: Received = user
-        .wait_for(ACP_TURN, "the notice of the restart", || async {
-            user.messages_from(&room, &bot)
-                .await
-                .ok()?
-                .into_iter()
-                .find(|m| m.body.contains("The agent stopped"))
-        })
-        .await
-        .unwrap_or_else(|e| {
-            stack.dump();
-            panic!("{e}")
-        });
+    let told = bot_says(
+        &stack,
+        &user,
+        &room,
+        "the notice of the restart",
+        "The agent stopped",
+    )
+    .await;
     assert_eq!(
         told.thread_root.as_deref(),
         Some(story.as_str()),
