@@ -14,6 +14,7 @@
 
 mod conn;
 mod decide;
+mod event;
 pub mod relay;
 pub mod sessions;
 mod wire;
@@ -28,7 +29,8 @@ use protocol::ChatId;
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::{info, warn};
 
-use self::conn::{Conn, ConnError, Event, PromptFailed};
+use self::conn::{Conn, ConnError};
+use self::event::{Event, PromptFailed};
 use self::sessions::SessionIds;
 use self::wire::{Permission, ToolCall, Update};
 use super::{Brain, BrainError, TurnInput};

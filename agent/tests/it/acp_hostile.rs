@@ -248,3 +248,35 @@ async fn a_cancelled_turn_cancels_the_agents_prompt() {
     assert!(marker.exists(), "the agent got session/cancel");
     gone(agent, "slow").await;
 }
+
+/// Processes of `acp_hostile.py good`.
+fn good_agents() -> usize {
+    processes_with("acp_hostile.py good").len()
+}
+
+#[tokio::test]
+async fn sessions_are_capped_and_idle_ones_closed() {
+    let agent = TestAgent::start_with(|c| {
+        hostile("good")(c);
+        if let BrainConfig::Acp(a) = &mut c.brain {
+            a.max_sessions = 1;
+            a.idle = Duration::from_secs(1);
+        }
+    })
+    .await;
+    for name in ["good-one", "good-two"] {
+        let (chat, room) = chat_named(name);
+        let (mut c, _) = agent.connect(&chat).await;
+        let t = c.turn(in_room(&room, 1, "$g", "hi")).await;
+        assert_eq!(t.text(), "hello from a good agent");
+        // One process at a time: the first chat's was closed to make room for the second's.
+        assert_eq!(good_agents(), 1, "{:?}", processes_with("acp_hostile.py"));
+    }
+    // Idle past AGENT_ACP_IDLE (checked every second here): closed.
+    let deadline = Instant::now() + DEADLINE;
+    while good_agents() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(good_agents(), 0, "the idle session was closed");
+    gone(agent, "good").await;
+}

@@ -32,13 +32,12 @@ async fn the_python_sdks_echo_agent_answers_through_our_client() {
     };
     let script = examples.join("echo_agent.py");
     assert!(script.exists(), "{} exists", script.display());
-    let agent = TestAgent::start_with(|c| {
-        c.brain = BrainConfig::Acp(AcpConfig::new(
-            python.display().to_string(),
-            vec![script.display().to_string()],
-        ));
-    })
-    .await;
+    let brain = BrainConfig::Acp(AcpConfig::new(
+        python.display().to_string(),
+        vec![script.display().to_string()],
+    ));
+    let with_brain = |b: BrainConfig| move |c: &mut agent::config::Config| c.brain = b;
+    let agent = TestAgent::start_with(with_brain(brain.clone())).await;
     let (mut c, _) = agent.connect(&chat()).await;
 
     let t = c.turn(message(1, "$1", "hello, reference agent")).await;
@@ -68,4 +67,30 @@ async fn the_python_sdks_echo_agent_answers_through_our_client() {
     let t = c.turn(m).await;
     assert_eq!(t.end().status, EndStatus::Completed, "{:?}", t.end());
     assert_eq!(t.text(), "and a file");
+    drop(c);
+
+    // The echo agent cannot resume a session (no `loadSession`): after a restart its new
+    // session starts from a summary of the chat (which it echoes), and the room is told once.
+    let mut agent = agent;
+    agent.restart_with(with_brain(brain)).await;
+    let (mut c, _) = agent.connect(&chat()).await;
+    let t = c.turn(message(3, "$3", "still there?")).await;
+    assert_eq!(t.end().status, EndStatus::Completed, "{:?}", t.end());
+    let text = t.text();
+    assert!(
+        text.contains("hello, reference agent") && text.ends_with("still there?"),
+        "the summary, then the message: {text}"
+    );
+    assert_eq!(
+        t.notices()
+            .iter()
+            .filter(|n| n.contains("working memory of this chat was reset"))
+            .count(),
+        1,
+        "{:?}",
+        t.notices()
+    );
+    let t = c.turn(message(4, "$4", "and now?")).await;
+    assert_eq!(t.text(), "and now?", "the summary is given once");
+    assert!(t.notices().is_empty(), "{:?}", t.notices());
 }

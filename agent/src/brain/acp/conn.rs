@@ -30,8 +30,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LinesCodec, LinesCodecError};
 use tracing::{debug, info, warn};
 
+use super::event::{Event, PromptFailed};
 use super::relay::ToolSocket;
-use super::wire::{self, Permission, Update};
+use super::wire::{self, Permission};
 use crate::config::AcpConfig;
 use crate::confine::ScopedWorkspace;
 
@@ -51,29 +52,6 @@ const QUOTED: usize = 120;
 
 /// Most bytes `fs/read_text_file` returns.
 const MAX_READ: u64 = 1024 * 1024;
-
-/// What the agent sent, in order.
-#[derive(Debug)]
-pub enum Event {
-    /// A `session/update` (of the session the turn runs; others are dropped here).
-    Update(Update),
-    /// `session/request_permission`: answer with the option id chosen (`None`: cancelled).
-    Permission(Permission, oneshot::Sender<Option<String>>),
-    /// The prompt's response: its stop reason, or why there is none.
-    PromptDone(Result<String, PromptFailed>),
-    /// A call of one of our tools (through the relay, [`super::relay`]): its name and JSON
-    /// arguments; answer with whether it worked and its output.
-    Tool(String, String, oneshot::Sender<(bool, String)>),
-}
-
-/// Why a prompt has no stop reason.
-#[derive(Debug)]
-pub enum PromptFailed {
-    /// The agent answered with an error.
-    Answered(String),
-    /// The connection ended first (the process died, closed its output).
-    Gone(String),
-}
 
 /// What the agent said about itself in `initialize`.
 #[derive(Debug, Clone, Default)]
@@ -103,7 +81,8 @@ pub enum ConnError {
 /// A running agent: its process, its connection and the events it sends.
 pub struct Conn {
     cx: ConnectionTo<Agent>,
-    child: Child,
+    /// Taken when the connection is dropped, to be reaped.
+    child: Option<Child>,
     /// Ends the connection's driver (dropping it does too).
     _stop: oneshot::Sender<()>,
     /// The session whose updates reach [`Conn::events`].
@@ -217,7 +196,7 @@ impl Conn {
             .map_err(|_| ConnError::Protocol(reason(&ended)))?;
         let mut conn = Self {
             cx,
-            child,
+            child: Some(child),
             _stop: stop,
             session,
             events,
@@ -404,17 +383,26 @@ impl Conn {
 
     /// The process id (for the log).
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.child.as_ref().and_then(Child::id)
     }
 }
 
 impl Drop for Conn {
     /// The agent and everything it started go with the connection.
     fn drop(&mut self) {
-        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok())
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok())
             && let Some(pid) = rustix::process::Pid::from_raw(pid)
         {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        // Reaped now, not whenever the runtime next notices a child exit: no zombie lingers.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = child.kill().await;
+            });
         }
     }
 }

@@ -23,7 +23,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use super::conn::Event;
+use super::event::Event;
 
 /// The hidden first argument that makes the agent binary the relay.
 pub const RELAY_ARG: &str = "__acp-tools";
