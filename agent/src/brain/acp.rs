@@ -268,6 +268,12 @@ impl Acp {
         tokio::fs::create_dir_all(&cwd)
             .await
             .map_err(|e| BrainError::Agent(format!("the chat's folder cannot be made: {e}")))?;
+        // A turn prompted before (this agent or another died during it) is prompted again: the
+        // agent's side effects may repeat, so the room hears of it, after the answer (a notice
+        // before it would post the text kept from the first try as an answer of its own).
+        let rerun = io.replay_brain_step().is_some();
+        io.record_brain_step(serde_json::json!({"acp": "prompted"}))
+            .await;
         let mut retried = false;
         let result = loop {
             let outcome = match self.ensure(&mut slot, input, io, &cwd).await {
@@ -292,6 +298,9 @@ impl Acp {
             }
         };
         slot.last_used = Some(Instant::now());
+        if rerun {
+            io.notice(decide::RERUN_NOTICE).await?;
+        }
         result
     }
 }

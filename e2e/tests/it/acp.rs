@@ -526,6 +526,12 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
         .await
         .unwrap_or_default();
     assert_eq!(
+        told.matches("I was interrupted while answering this")
+            .count(),
+        1,
+        "the room is told once that the turn runs again: {told}"
+    );
+    assert_eq!(
         told.matches("Once upon a time").count(),
         1,
         "the story shown once: {told}"

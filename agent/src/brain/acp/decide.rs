@@ -61,6 +61,10 @@ pub fn stop_notice(stop: &str) -> Option<String> {
     }
 }
 
+/// What the room hears when a turn whose agent was interrupted is sent to it again.
+pub const RERUN_NOTICE: &str =
+    "I was interrupted while answering this, so the agent got your message a second time.";
+
 /// Most characters of a summary given to a new session.
 const SUMMARY_CHARS: usize = 4000;
 
