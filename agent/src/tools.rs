@@ -430,8 +430,15 @@ impl Registry {
         };
         let args = json_args(tool.name(), arguments)?;
         let (resource, summary) = tool.parse(&args, &cx.ws.scope)?;
-        self.permit(tool.name(), resource, &summary, cx, grants)
-            .await?;
+        self.permit_as(
+            self.policy(tool.name()),
+            tool.name(),
+            resource,
+            &summary,
+            cx,
+            grants,
+        )
+        .await?;
         tool.call(args, cx).await
     }
 
@@ -442,19 +449,6 @@ impl Registry {
             .or_else(|| self.policies.get("acp__*"))
             .copied()
             .unwrap_or(Policy::Ask)
-    }
-
-    /// Applies the policy of `tool` to a call on `resource` (see [`Registry::permit_as`]).
-    async fn permit(
-        &self,
-        tool: &str,
-        resource: String,
-        summary: &str,
-        cx: &ToolCx<'_>,
-        grants: &mut TurnGrants,
-    ) -> Result<(), ToolError> {
-        self.permit_as(self.policy(tool), tool, resource, summary, cx, grants)
-            .await
     }
 
     /// Applies `policy` to a call of `tool` on `resource`: runs it, refuses it, or asks the

@@ -104,24 +104,21 @@ impl Acp {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let mut running = 0;
         let mut idle: Vec<(Instant, tokio::sync::OwnedMutexGuard<Slot>)> = Vec::new();
-        for (id, slot) in slots.iter().filter(|(id, _)| *id != chat) {
+        for (_, slot) in slots.iter().filter(|(id, _)| *id != chat) {
             match slot.clone().try_lock_owned() {
                 Ok(guard) if guard.conn.is_some() => {
                     running += 1;
                     idle.push((guard.last_used.unwrap_or_else(Instant::now), guard));
                 }
                 Ok(_) => {}
-                Err(_) => {
-                    running += 1;
-                    let _ = id;
-                }
+                // Busy: running a turn, or starting its agent.
+                Err(_) => running += 1,
             }
         }
         if running < self.config.max_sessions {
             return Ok(());
         }
-        idle.sort_by_key(|(t, _)| *t);
-        match idle.into_iter().next() {
+        match idle.into_iter().min_by_key(|(t, _)| *t) {
             Some((_, mut oldest)) => {
                 info!("closing the least recently used ACP session to make room");
                 oldest.conn = None;
@@ -349,14 +346,14 @@ async fn pictures(io: &TurnIo, turn: &crate::store::TurnRecord) -> Vec<(String, 
 /// Tool calls seen in this turn and not yet reported finished.
 #[derive(Default)]
 struct Tools {
-    open: HashMap<String, String>,
+    open: HashSet<String>,
     finished: HashSet<String>,
 }
 
 impl Tools {
     /// Reports the calls the agent never said were finished (some agents do not).
     async fn close_all(&mut self, io: &mut TurnIo) -> Result<(), Failed> {
-        for (id, _) in std::mem::take(&mut self.open) {
+        for id in std::mem::take(&mut self.open) {
             io.tool_finished(&id, true, "").await?;
         }
         Ok(())
@@ -378,7 +375,7 @@ async fn tool_update(call: ToolCall, io: &mut TurnIo, tools: &mut Tools) -> Resu
     if tools.finished.contains(&id) {
         return Ok(());
     }
-    if !tools.open.contains_key(&id) {
+    if !tools.open.contains(&id) {
         let title = call.title.clone().unwrap_or_else(|| "a tool".to_owned());
         let input = call
             .raw_input
@@ -386,7 +383,7 @@ async fn tool_update(call: ToolCall, io: &mut TurnIo, tools: &mut Tools) -> Resu
             .map(|v| v.to_string())
             .unwrap_or_default();
         io.tool_started(&id, &title, &input).await?;
-        tools.open.insert(id.clone(), title);
+        tools.open.insert(id.clone());
     }
     if let Some(status @ ("completed" | "failed")) = call.status.as_deref() {
         tools.open.remove(&id);

@@ -440,16 +440,15 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
 
     // 5. The ACP process is SIGKILLed mid-answer: the turn runs again once and completes.
     let story = user.send_text(&room, "tell me a slow story").await.unwrap();
-    user.wait_for(ACP_TURN, "the story under way", || async {
-        answer_to(&user, &room, &bot, &story)
-            .await
-            .filter(|a| a.contains("bridge"))
-    })
-    .await
-    .unwrap_or_else(|e| {
-        stack.dump();
-        panic!("{e}")
-    });
+    wait_answer(
+        &stack,
+        &user,
+        &room,
+        &story,
+        "the story under way",
+        "bridge",
+    )
+    .await;
     let acp = processes_with("hermes-acp");
     assert!(!acp.is_empty(), "hermes-acp runs");
     for pid in &acp {
@@ -499,16 +498,15 @@ async fn a_real_acp_agent_answers_asks_writes_remembers_and_survives_kills() {
         .send_text(&room, "tell me a slow story again")
         .await
         .unwrap();
-    user.wait_for(ACP_TURN, "the second story under way", || async {
-        answer_to(&user, &room, &bot, &story2)
-            .await
-            .filter(|a| a.contains("bridge"))
-    })
-    .await
-    .unwrap_or_else(|e| {
-        stack.dump();
-        panic!("{e}")
-    });
+    wait_answer(
+        &stack,
+        &user,
+        &room,
+        &story2,
+        "the second story under way",
+        "bridge",
+    )
+    .await;
     let resumed_before = stack.agent.log().matches("ACP session resumed").count();
     stack.agent.kill9().await;
     stack.agent.start().expect("agent again");
