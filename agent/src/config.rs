@@ -76,6 +76,9 @@ pub struct OpenAiConfig {
     pub base_url: String,
     /// Model name (`OPENAI_MODEL`).
     pub model: String,
+    /// The models a room may choose for its turns (`OPENAI_MODELS`; `model` among them when
+    /// any is set; empty: rooms cannot choose).
+    pub room_models: Vec<String>,
     /// API key (`OPENAI_API_KEY`); optional for local servers. Never printed.
     pub api_key: Option<Secret>,
     /// Timeouts, retries and loop limits.
@@ -172,6 +175,7 @@ impl OpenAiConfig {
         Self {
             base_url: base_url.into(),
             model: model.into(),
+            room_models: Vec::new(),
             api_key,
             tuning: ModelTuning::default(),
             vision: VisionConfig::default(),
@@ -282,6 +286,32 @@ pub enum Policy {
     Deny,
 }
 
+impl Policy {
+    /// The stricter of two policies (allow < ask < deny).
+    pub fn stricter(self, other: Self) -> Self {
+        let rank = |p: Self| match p {
+            Self::Allow => 0,
+            Self::Ask => 1,
+            Self::Deny => 2,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+impl From<protocol::ToolPolicy> for Policy {
+    fn from(p: protocol::ToolPolicy) -> Self {
+        match p {
+            protocol::ToolPolicy::Allow => Self::Allow,
+            protocol::ToolPolicy::Ask => Self::Ask,
+            protocol::ToolPolicy::Deny => Self::Deny,
+        }
+    }
+}
+
 impl FromStr for Policy {
     type Err = ();
     fn from_str(s: &str) -> Result<Self, ()> {
@@ -350,6 +380,16 @@ impl fmt::Debug for Config {
     }
 }
 
+impl BrainConfig {
+    /// The models a room may choose (`OPENAI_MODELS`), offered to the surface in the welcome.
+    pub fn room_models(&self) -> Vec<String> {
+        match self {
+            Self::OpenAi(c) => c.room_models.clone(),
+            Self::Builtin | Self::Acp(_) => Vec::new(),
+        }
+    }
+}
+
 impl fmt::Debug for BrainConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -365,6 +405,7 @@ impl fmt::Debug for OpenAiConfig {
         f.debug_struct("OpenAiConfig")
             .field("base_url", &self.base_url)
             .field("model", &self.model)
+            .field("room_models", &self.room_models)
             .field("api_key", &self.api_key)
             .field("tuning", &self.tuning)
             .field("vision", &self.vision)

@@ -52,7 +52,8 @@ pub async fn serve(app: AppState, chat_id: ChatId, socket: WebSocket) {
         let _ = writer.await;
         return;
     };
-    if !welcome(&app.workspace, &chat, &out, hello).await {
+    let models = app.config.brain.room_models();
+    if !welcome(&app.workspace, &chat, &out, hello, models).await {
         return;
     }
     let unfinished = match chat.pending_turns().await {

@@ -32,7 +32,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use protocol::{AttachmentInfo, ChatId, ContextMessage, Sender, UserMessage, WorkspacePath};
+use protocol::{
+    AttachmentInfo, ChatId, ContextMessage, Sender, TurnSettings, UserMessage, WorkspacePath,
+};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -111,6 +113,9 @@ pub struct TurnRecord {
     /// What the agent made of its attachments (a voice message's words), worked out once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub perceived: BTreeMap<WorkspacePath, Perceived>,
+    /// The room's settings for the turn, as the surface sent them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<Box<TurnSettings>>,
 }
 
 /// What the agent made of an attachment, kept with its turn so that it is worked out once
@@ -147,6 +152,7 @@ impl TurnRecord {
             sent_files: Vec::new(),
             error: None,
             perceived: BTreeMap::new(),
+            settings: m.settings.clone(),
         }
     }
 

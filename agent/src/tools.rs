@@ -110,6 +110,19 @@ pub struct ToolCx<'a> {
     /// The number of this call's step in the turn: the same when an interrupted turn runs the
     /// call again, so its effects are keyed by it (a file's delivery is posted once).
     pub step: u32,
+    /// The policies the turn's room set (`!set tool`): applied only where stricter.
+    pub room: &'a BTreeMap<String, protocol::ToolPolicy>,
+}
+
+impl ToolCx<'_> {
+    /// `operator`'s policy for tool `name`, made stricter where the room asked for it (a room
+    /// can never loosen it).
+    pub fn within_room(&self, name: &str, operator: Policy) -> Policy {
+        match self.room.get(name) {
+            Some(room) => operator.stricter(Policy::from(*room)),
+            None => operator,
+        }
+    }
 }
 
 /// A tool: typed arguments and a function over the confined workspace.
@@ -431,7 +444,7 @@ impl Registry {
         let args = json_args(tool.name(), arguments)?;
         let (resource, summary) = tool.parse(&args, &cx.ws.scope)?;
         self.permit_as(
-            self.policy(tool.name()),
+            cx.within_room(tool.name(), self.policy(tool.name())),
             tool.name(),
             resource,
             &summary,

@@ -9,6 +9,7 @@
 //! not sent twice), and a brain takes its recorded steps instead of redoing them. A call that
 //! had started but not completed when the agent died was never recorded, so it runs again.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use protocol::{SendFile, WorkspacePath};
@@ -41,6 +42,8 @@ pub struct TurnIo {
     replayed: usize,
     /// The number the next recorded step gets.
     next_step: u32,
+    /// The tool policies the turn's room set.
+    room_tools: BTreeMap<String, protocol::ToolPolicy>,
 }
 
 impl TurnIo {
@@ -68,7 +71,14 @@ impl TurnIo {
             recorded: Vec::new(),
             replayed: 0,
             next_step: 0,
+            room_tools: BTreeMap::new(),
         }
+    }
+
+    /// Applies the tool policies the turn's room set (only where stricter than the operator's).
+    pub fn with_room_tools(mut self, tools: BTreeMap<String, protocol::ToolPolicy>) -> Self {
+        self.room_tools = tools;
+        self
     }
 
     /// Resumes after `steps`, recorded by an earlier run of the turn.
@@ -243,6 +253,7 @@ impl TurnIo {
                 memory: &self.memory,
                 perception: &self.perception,
                 step: self.next_step,
+                room: &self.room_tools,
             },
             &mut self.grants,
         )
@@ -307,7 +318,7 @@ impl TurnIo {
     ) -> Result<(), crate::tools::ToolError> {
         let registry = self.registry.clone();
         let (cx, grants) = self.cx();
-        let policy = registry.acp_policy(key);
+        let policy = cx.within_room(key, registry.acp_policy(key));
         registry
             .permit_as(policy, key, resource, summary, &cx, grants)
             .await

@@ -45,6 +45,7 @@ pub fn user_message(seq: u64, id: &str, room_id: &str, text: &str) -> ToAgent {
         attachment_info: BTreeMap::new(),
         context: vec![],
         timestamp_ms: 0,
+        settings: None,
     })
 }
 

@@ -72,8 +72,20 @@ pub struct Received {
     pub content: Value,
 }
 
+/// The `content` of an event's JSON.
+fn raw_content(json: &str) -> Option<Value> {
+    serde_json::from_str::<Value>(json)
+        .ok()?
+        .get_mut("content")
+        .map(Value::take)
+}
+
 impl Received {
-    fn from_event(ev: &OriginalSyncRoomMessageEvent, was_encrypted: bool) -> Self {
+    fn from_event(
+        ev: &OriginalSyncRoomMessageEvent,
+        raw_content: Option<Value>,
+        was_encrypted: bool,
+    ) -> Self {
         let new_body = match &ev.content.relates_to {
             Some(Relation::Replacement(r)) => Some(r.new_content.msgtype.body().to_owned()),
             _ => None,
@@ -106,6 +118,10 @@ impl Received {
             was_encrypted,
             content: serde_json::to_value(&ev.content).unwrap_or_default(),
         };
+        if let Some(content) = raw_content {
+            // As sent, with the keys the typed content has no field for.
+            me.content = content;
+        }
         let size = |s: Option<UInt>| s.map(u64::from);
         // The four media kinds have the same fields in different ruma types.
         macro_rules! media {
@@ -289,10 +305,12 @@ impl E2eeUser {
         client.add_event_handler(
             move |ev: OriginalSyncRoomMessageEvent,
                   room: Room,
-                  encryption: Option<EncryptionInfo>| {
+                  encryption: Option<EncryptionInfo>,
+                  raw: matrix_sdk::event_handler::RawEvent| {
                 let rec = rec.clone();
                 async move {
-                    let msg = Received::from_event(&ev, encryption.is_some());
+                    let msg =
+                        Received::from_event(&ev, raw_content(raw.get()), encryption.is_some());
                     let mut r = rec.lock().expect("recorder lock");
                     let seen = r.rooms.entry(room.room_id().to_string()).or_default();
                     // A late key may already have turned a recorded placeholder into this.
@@ -706,7 +724,7 @@ impl E2eeUser {
             let Some(original) = m.as_original() else {
                 continue;
             };
-            let msg = Received::from_event(original, true);
+            let msg = Received::from_event(original, raw_content(ev.raw().json().get()), true);
             let mut rec = self.recorder.lock().expect("recorder lock");
             if let Some(seen) = rec.rooms.get_mut(room) {
                 for s in seen.iter_mut() {
@@ -734,7 +752,11 @@ impl E2eeUser {
                 ev.raw().deserialize()
                 && let Some(original) = m.as_original()
             {
-                out.push(Received::from_event(original, was_encrypted));
+                out.push(Received::from_event(
+                    original,
+                    raw_content(ev.raw().json().get()),
+                    was_encrypted,
+                ));
             }
         }
         Ok(out)

@@ -97,6 +97,10 @@ pub struct Welcome {
     pub last_seq: u64,
     /// What the agent found when checking the shared workspace.
     pub workspace: WorkspaceCheck,
+    /// The models a room may choose for its turns ([`TurnSettings::model`]); empty when the
+    /// operator offers no choice (and from older agents).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
 }
 
 /// The agent's side of the shared-workspace proof.
@@ -167,6 +171,39 @@ pub struct UserMessage {
     pub context: Vec<ContextMessage>,
     /// Origin server timestamp, milliseconds since the Unix epoch.
     pub timestamp_ms: u64,
+    /// The room's settings for this turn (its state event, as the surface read it when the
+    /// turn was stored). Absent from older surfaces and where a room set nothing; an agent that
+    /// does not know the field ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<Box<TurnSettings>>,
+}
+
+/// What a room asked of the agent for its turns (its settings state event): applied within what
+/// the operator allows, never beyond.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnSettings {
+    /// The model to answer with: one of the agent's [`Welcome::models`], else ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Instructions added to the system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// Per-tool policy: only ever stricter than the operator's for the same tool.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, ToolPolicy>,
+}
+
+/// What happens when a tool is called, from the loosest to the strictest (so the stricter of
+/// two is their `max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolPolicy {
+    /// Run it.
+    Allow,
+    /// Ask the user first.
+    Ask,
+    /// Refuse it.
+    Deny,
 }
 
 /// A non-triggering message carried along with a turn.

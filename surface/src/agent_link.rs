@@ -326,6 +326,7 @@ async fn run(
             );
         }
         next = 0;
+        endpoint.health.set_agent_models(welcome.models.clone());
         info!(
             last_seq = welcome.last_seq,
             agent,

@@ -66,6 +66,8 @@ pub struct Config {
     pub ffmpeg: Option<PathBuf>,
     /// `SURFACE_SHOW_TOOL_CALLS`: post compact notices for tool calls.
     pub show_tool_calls: bool,
+    /// `SURFACE_JOIN_INTRO`: one short introduction in each room the bot joins.
+    pub join_intro: bool,
     /// `SURFACE_HEALTH_BIND`: address of the `/healthz` endpoint. Loopback unless set: a
     /// container sets `0.0.0.0:8701` so its network's healthcheck can reach it.
     pub health_bind: SocketAddr,
@@ -191,6 +193,7 @@ impl Config {
         let max_file_size = p.take(max_file_size(get("SURFACE_MAX_FILE_SIZE")));
         let ffmpeg = p.take(ffmpeg(get("SURFACE_FFMPEG"), get("PATH")));
         let show_tool_calls = p.take(show_tool_calls(get("SURFACE_SHOW_TOOL_CALLS")));
+        let join_intro = p.take(join_intro(get("SURFACE_JOIN_INTRO")));
         let health_bind = p.take(health_bind(get("SURFACE_HEALTH_BIND")));
         let inbox_retention = p.take(inbox_retention(get("SURFACE_INBOX_RETENTION")));
         let offline_notice_after = p.take(offline_notice(get("SURFACE_OFFLINE_NOTICE")));
@@ -222,6 +225,7 @@ impl Config {
                 max_file_size: max_file_size?,
                 ffmpeg: ffmpeg?,
                 show_tool_calls: show_tool_calls?,
+                join_intro: join_intro?,
                 health_bind: health_bind?,
                 inbox_retention: inbox_retention?,
                 offline_notice_after: offline_notice_after?,
@@ -503,6 +507,16 @@ fn show_tool_calls(v: Option<String>) -> Result<bool, ConfigError> {
     }
 }
 
+/// `SURFACE_JOIN_INTRO`: `on` (default) or `off`.
+fn join_intro(v: Option<String>) -> Result<bool, ConfigError> {
+    match v {
+        None => Ok(true),
+        Some(v) => {
+            parse_bool(&v).ok_or_else(|| invalid("SURFACE_JOIN_INTRO", "expected on or off"))
+        }
+    }
+}
+
 /// `SURFACE_HEALTH_BIND`: host:port.
 fn health_bind(v: Option<String>) -> Result<SocketAddr, ConfigError> {
     v.unwrap_or_else(|| "127.0.0.1:8701".into())
@@ -711,6 +725,7 @@ mod tests {
         assert_eq!(c.allowed_users, vec!["@*:example.org".to_owned()]);
         assert_eq!(c.max_file_size, 100 * 1024 * 1024);
         assert!(!c.show_tool_calls);
+        assert!(c.join_intro);
         assert_eq!(c.health_bind, "127.0.0.1:8701".parse().unwrap());
         assert_eq!(c.inbox_retention, None);
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
@@ -902,6 +917,7 @@ mod tests {
         env.insert("SURFACE_THREADS", "mentions".to_owned());
         env.insert("SURFACE_APPROVALS", "verified".to_owned());
         env.insert("SURFACE_SHOW_TOOL_CALLS", "true".to_owned());
+        env.insert("SURFACE_JOIN_INTRO", "off".to_owned());
         env.insert(
             "SURFACE_ALLOWED_USERS",
             "@alice:*, @bob:example.org".to_owned(),
@@ -914,6 +930,7 @@ mod tests {
         assert!(c.threads_need_mention);
         assert!(c.approvals_need_verified);
         assert!(c.show_tool_calls);
+        assert!(!c.join_intro);
         assert!(c.is_allowed("@alice:other.org"));
         assert!(c.is_allowed("@bob:example.org"));
         assert!(!c.is_allowed("@carol:example.org"));

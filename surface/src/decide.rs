@@ -6,11 +6,14 @@
 //! the prompt; a file never does; with `SURFACE_APPROVALS=verified` only from a device its user
 //! verified); that an encrypted room acts only on events that arrived encrypted
 //! ([`Decision::Plaintext`]); what an edit does (a message not processed yet takes the new text,
-//! one that ran gets a follow-up turn); a moderator's `!mode all|mentions`; and redactions.
+//! one that ran gets a follow-up turn); the `!` commands ([`crate::command`]) and a ⏹️
+//! reaction on the answer being written; and redactions.
 //! [`without_mention`] takes the bot's name out of the text it forwards, so the brain never
 //! guesses which leading word is a name.
 
 use protocol::Decision as ApprovalChoice;
+
+use crate::command::{self, Command};
 
 /// A question or approval the bot is waiting on from this message's sender in this room.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +94,9 @@ pub struct Facts<'a> {
     pub every_message: bool,
     /// What the bot waits for from this sender here, if anything.
     pub waiting: Option<Waiting>,
+    /// For an `m.reaction`: it is on the message being answered right now, or on the answer
+    /// being written for it.
+    pub on_running_turn: bool,
 }
 
 /// Where the message an edit changes stands (looked up in the journal by the caller).
@@ -140,12 +146,9 @@ pub enum Decision {
     Redaction,
     /// An edit of a message not processed yet: it takes the new text.
     ReplaceQueued,
-    /// `!mode all` / `!mode mentions` addressed to the bot: change how it is triggered here (the
-    /// caller checks that the sender moderates the room).
-    SetMode {
-        /// Answer every message (`all`) or only mentions.
-        every_message: bool,
-    },
+    /// A `!` command addressed to the bot (or a ⏹️ reaction on the answer being written, which
+    /// is [`Command::Stop`]); the caller checks who may give it.
+    Command(Command),
     /// Something the bot cannot read yet, sent to it: say so (once).
     Unsupported(&'static str),
     /// A message, edit or reaction sent unencrypted in an encrypted room: anyone who can reach
@@ -197,13 +200,21 @@ pub fn decide(f: &Facts<'_>) -> Decision {
             None => Decision::Ignore(IgnoreReason::Edit),
         };
     }
+    let addressed =
+        f.direct_chat || f.mentions_bot || f.reply_to_bot || in_thread(f) || body_mentions_bot(f);
+    let command = match f.has_media {
+        true => None,
+        false => command::parse(without_mention(f.body, f.bot_user_id, f.bot_display_name)),
+    };
+    // `!stop` while the bot waits for the sender's answer stops the turn that asked.
+    if command == Some(Command::Stop) && (addressed || f.waiting.is_some()) {
+        return Decision::Command(Command::Stop);
+    }
     if let Some(d) = answer(f) {
         return d;
     }
-    let addressed =
-        f.direct_chat || f.mentions_bot || f.reply_to_bot || in_thread(f) || body_mentions_bot(f);
-    if addressed && let Some(every_message) = mode_command(f) {
-        return Decision::SetMode { every_message };
+    if addressed && let Some(c) = command {
+        return Decision::Command(c);
     }
     if addressed || f.every_message {
         if f.sender_is_bot && f.bot_streak >= f.max_bot_turns {
@@ -251,8 +262,12 @@ fn unverified(f: &Facts<'_>) -> bool {
     f.approvals_need_verified && !f.verified_device
 }
 
-/// A reaction: an answer to the approval prompt it is on, or nothing.
+/// A reaction: an answer to the approval prompt it is on, a stop of the answer it is on, or
+/// nothing.
 fn reaction(f: &Facts<'_>, key: &str) -> Decision {
+    if f.on_running_turn && command::is_stop_reaction(key) {
+        return Decision::Command(Command::Stop);
+    }
     match (&f.waiting, reaction_choice(key)) {
         (Some(Waiting::Approval { request_id }), Some(_)) if unverified(f) => {
             Decision::UnverifiedApproval {
@@ -302,17 +317,6 @@ pub fn parse_approval(body: &str) -> ApprovalChoice {
         "yes" | "y" | "ok" | "allow" | "approve" | "approved" => ApprovalChoice::AllowOnce,
         "always" | "yes always" | "always allow" => ApprovalChoice::AllowAlways,
         _ => ApprovalChoice::Deny,
-    }
-}
-
-/// `!mode all` or `!mode mentions` (after the mention of the bot), as the mode it asks for.
-fn mode_command(f: &Facts<'_>) -> Option<bool> {
-    let text = without_mention(f.body, f.bot_user_id, f.bot_display_name);
-    let arg = text.strip_prefix("!mode")?.trim();
-    match arg.to_lowercase().as_str() {
-        "all" | "every" | "everything" => Some(true),
-        "mention" | "mentions" => Some(false),
-        _ => None,
     }
 }
 
@@ -584,9 +588,9 @@ mod tests {
                     f.mentions_bot = true;
                     f.body = "bot: !mode all";
                 },
-                Decision::SetMode {
+                Decision::Command(Command::Mode {
                     every_message: true,
-                },
+                }),
             ),
             (
                 "!mode mentions in a DM",
@@ -594,9 +598,60 @@ mod tests {
                     f.direct_chat = true;
                     f.body = "!mode mentions";
                 },
-                Decision::SetMode {
+                Decision::Command(Command::Mode {
                     every_message: false,
+                }),
+            ),
+            (
+                "!stop in a DM",
+                |f| {
+                    f.direct_chat = true;
+                    f.body = "!stop";
                 },
+                Decision::Command(Command::Stop),
+            ),
+            (
+                "!stop while a question waits for the sender stops, it is no answer",
+                |f| {
+                    f.direct_chat = true;
+                    f.body = "!stop";
+                    f.waiting = Some(Waiting::Question {
+                        question_id: "q".into(),
+                    });
+                },
+                Decision::Command(Command::Stop),
+            ),
+            (
+                "!help with the bot's name in a group",
+                |f| f.body = "bot: !help",
+                Decision::Command(Command::Help),
+            ),
+            (
+                "a ⏹️ reaction on the answer being written",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("⏹️");
+                    f.on_running_turn = true;
+                },
+                Decision::Command(Command::Stop),
+            ),
+            (
+                "a ⏹️ reaction on anything else",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("⏹️");
+                },
+                Decision::Ignore(IgnoreReason::Reaction),
+            ),
+            (
+                "a ⏹️ reaction sent in clear in an encrypted room",
+                |f| {
+                    f.is_message = false;
+                    f.reaction = Some("⏹️");
+                    f.on_running_turn = true;
+                    f.room_encrypted = true;
+                },
+                Decision::Plaintext,
             ),
             (
                 "!mode without a mention in a group is just context",

@@ -60,6 +60,8 @@ struct State_ {
     /// What the last observation of each agent (by URL) showed.
     agents: BTreeMap<String, AgentStatus>,
     parked_sends: u64,
+    /// The models a room may choose, as the last agent handshake said.
+    agent_models: Option<Vec<String>>,
 }
 
 impl State_ {
@@ -140,6 +142,7 @@ impl Default for Health {
                 last_sync: None,
                 agents: BTreeMap::new(),
                 parked_sends: 0,
+                agent_models: None,
             }),
             metrics: std::sync::OnceLock::new(),
         }
@@ -187,6 +190,16 @@ impl Health {
             return;
         }
         *entry = status;
+    }
+
+    /// The models the agents offer rooms (their welcome's `models`).
+    pub fn set_agent_models(&self, models: Vec<String>) {
+        self.lock().agent_models = Some(models);
+    }
+
+    /// The models a room may choose (`None`: no agent handshake yet).
+    pub fn agent_models(&self) -> Option<Vec<String>> {
+        self.lock().agent_models.clone()
     }
 
     /// How many posts are parked (see [`crate::send`]).

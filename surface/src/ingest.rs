@@ -6,6 +6,8 @@
 mod act;
 mod classify;
 mod notices;
+mod settings;
+mod stop;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use tracing::{error, info, warn};
 pub use act::act;
 pub use classify::classify;
 
+use crate::command::Command;
 use crate::context::Ctx;
 use crate::decide::Decision;
 use crate::inbound::{Inbound, Kind};
@@ -51,16 +54,19 @@ impl RoomFacts {
         }
         let mut aliases: Vec<String> = room.alt_aliases().iter().map(ToString::to_string).collect();
         aliases.extend(room.canonical_alias().map(|a| a.to_string()));
+        // The room's settings state event decides; `!mode` in the journal where it cannot.
+        let settings = crate::room_settings::read(room).await.0;
         Self {
             members,
             bot_display_name: ctx.bot_display_name(),
             allowed: ctx
                 .config
                 .is_room_allowed(room.room_id().as_str(), aliases.iter().map(String::as_str)),
-            every_message: ctx
-                .journal
-                .every_message(room.room_id().as_str())
-                .unwrap_or(false),
+            every_message: settings.every_message.unwrap_or_else(|| {
+                ctx.journal
+                    .every_message(room.room_id().as_str())
+                    .unwrap_or(false)
+            }),
             encrypted: room.encryption_state().is_encrypted(),
         }
     }
@@ -221,7 +227,10 @@ fn decision_label(d: &Decision) -> &'static str {
         Decision::ReplaceQueued => "edit",
         Decision::Plaintext => "plaintext",
         Decision::UnverifiedApproval { .. } => "approval_unverified",
-        Decision::SetMode { .. } => "set_mode",
+        Decision::Command(Command::Mode { .. }) => "set_mode",
+        Decision::Command(Command::Stop) => "stop",
+        Decision::Command(Command::Help) => "help",
+        Decision::Command(Command::Set(_) | Command::SetUsage | Command::Settings) => "settings",
         Decision::Unsupported(_) => "unsupported",
         Decision::Approval { .. } => "approval",
     }

@@ -334,6 +334,8 @@ impl Journal {
         ] {
             add_column_if_missing(&conn, "sends", column, decl)?;
         }
+        // How a turn ended (`ended`, `stopped`, `timeout`, …); none before it was recorded.
+        add_column_if_missing(&conn, "turns", "outcome", "TEXT")?;
         migrate(&conn)?;
         Ok(Self {
             conn: Mutex::new(conn),
@@ -651,6 +653,7 @@ mod tests {
             attachment_info: Default::default(),
             context: vec![],
             timestamp_ms: 1000,
+            settings: None,
         }
     }
 
@@ -872,7 +875,9 @@ mod tests {
         j.mark_acked(&chat, 1).unwrap();
         assert!(j.is_acked(&chat, 1).unwrap());
         assert_eq!(j.backlog().unwrap(), Backlog::default(), "the agent has it");
-        j.finish_turn(&chat, 1).unwrap();
+        assert_eq!(j.turn_outcome("$3").unwrap(), None, "not over");
+        j.finish_turn(&chat, 1, "stopped").unwrap();
+        assert_eq!(j.turn_outcome("$3").unwrap().as_deref(), Some("stopped"));
         assert!(j.unended_turns(&chat).unwrap().is_empty());
         assert_eq!(j.ended_turns_after(&chat, 0).unwrap(), 1);
         assert!(j.chats_with_work().unwrap().is_empty());

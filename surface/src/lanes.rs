@@ -24,7 +24,7 @@ pub use effects::{APPROVAL_TIMEOUT, QUESTION_TIMEOUT};
 use crate::agent_link::{self, LinkEvent, LinkHandle};
 use crate::context::Ctx;
 use crate::journal::{ChatRef, Disposition, JournalError, JournaledEvent, NewEvent};
-use crate::lane_registry::LaneHandle;
+use crate::lane_registry::{LaneHandle, Running};
 use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
 use crate::send::{self, Outgoing};
@@ -94,6 +94,8 @@ struct Lane {
     room: Room,
     link: LinkHandle,
     events: mpsc::Receiver<LinkEvent>,
+    /// Its handle: the turn it runs, and requests to stop it.
+    handle: Arc<LaneHandle>,
     /// The room was told that the agent cannot be reached, and the agent has not accepted a
     /// turn since: the next turn does not tell it again.
     outage_told: bool,
@@ -126,6 +128,7 @@ async fn lane(ctx: Ctx, chat: ChatRef, handle: Arc<LaneHandle>) {
         room,
         link,
         events,
+        handle: handle.clone(),
         outage_told: false,
     };
 
@@ -278,6 +281,12 @@ impl Lane {
             attachment_info: prepared.info,
             context: context.into_iter().map(|(_, c)| c).collect(),
             timestamp_ms: ev.origin_ts,
+            // Stored with the turn: a turn run again after a crash keeps the settings it had.
+            settings: crate::room_settings::read(&self.room)
+                .await
+                .0
+                .for_turn()
+                .map(Box::new),
         };
         let msg = self
             .ctx

@@ -47,6 +47,8 @@
 //! * [`route`]: which agent a chat talks to (rendezvous hashing over `AGENT_URL`).
 
 pub mod agent_link;
+pub mod announce;
+pub mod command;
 pub mod config;
 pub mod connection;
 pub mod context;
@@ -74,6 +76,7 @@ pub mod purpose;
 pub mod render;
 pub mod retention;
 pub mod retry;
+pub mod room_settings;
 pub mod route;
 pub mod send;
 pub mod session;

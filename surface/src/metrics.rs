@@ -10,6 +10,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 /// Timeline events journaled, by `kind` (message, media, edit, reaction, encrypted, other)
 /// and `outcome` (what `decide` made of it: trigger, context, wait_for_key, ignore...).
 pub const EVENTS: &str = "mxbridge_surface_events_total";
+/// Turns over, by `outcome` (`ended`, `stopped`, `timeout`, `lost`, `dropped`).
+pub const TURNS: &str = "mxbridge_surface_turns_total";
 /// Syncs that came back `limited` (a gap the surface back-filled).
 pub const LIMITED_SYNCS: &str = "mxbridge_surface_limited_syncs_total";
 /// Events fetched from `/messages` to fill gaps.
@@ -78,6 +80,7 @@ fn describe() {
         Unit::Seconds,
         "Age of the oldest unhandled event."
     );
+    describe_counter!(TURNS, "Turns over, by outcome.");
     describe_gauge!(UNDECRYPTABLE_WAITING, "Events waiting for their room key.");
     describe_gauge!(PARKED_SENDS, "Posts the homeserver refused for good.");
     describe_gauge!(AGENT_UP, "1 while an agent link is usable now.");
@@ -87,6 +90,11 @@ fn describe() {
 /// Records one event's fate.
 pub fn event(kind: &'static str, outcome: &'static str) {
     metrics::counter!(EVENTS, "kind" => kind, "outcome" => outcome).increment(1);
+}
+
+/// Records a turn over, by how it ended.
+pub fn turn(outcome: &'static str) {
+    metrics::counter!(TURNS, "outcome" => outcome).increment(1);
 }
 
 /// Records media bytes moved (`direction` is `in` or `out`).

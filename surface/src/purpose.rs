@@ -43,6 +43,8 @@ pub enum Purpose {
     TurnFailed,
     /// A turn the agent lost (it restarted without it).
     TurnLost,
+    /// A turn stopped on request before it said anything.
+    TurnStopped,
     /// A turn that stopped hearing from the agent.
     TurnTimeout,
     /// The homeserver refused a post for good: the notice saying so.
@@ -55,6 +57,14 @@ pub enum Purpose {
     BotLoop,
     /// What `!mode` changed (or who may change it).
     Mode,
+    /// The answer to `!stop` when it stops nothing (or the sender may not stop it).
+    Stop,
+    /// The answer to `!help`.
+    Help,
+    /// The introduction in a room the bot joined.
+    Intro,
+    /// The answer to `!settings`, `!set` or `!reset`.
+    Settings,
     /// Content the bot cannot read yet (a sticker, a location, a poll).
     Unsupported,
     /// An unencrypted event in an encrypted room.
@@ -95,12 +105,17 @@ impl Purpose {
             Self::AgentUnreachable => "agent-unreachable",
             Self::TurnFailed => "turn-failed",
             Self::TurnLost => "turn-lost",
+            Self::TurnStopped => "turn-stopped",
             Self::TurnTimeout => "turn-timeout",
             Self::RefusalNotice => "refusal-notice",
             Self::RefusalReaction => "refusal-reaction",
             Self::Backlog => "backlog",
             Self::BotLoop => "bot-loop",
             Self::Mode => "mode",
+            Self::Stop => "stop",
+            Self::Help => "help",
+            Self::Intro => "intro",
+            Self::Settings => "settings",
             Self::Unsupported => "unsupported",
             Self::Plaintext => "plaintext",
             Self::Offline => "offline",

@@ -85,6 +85,9 @@ async fn on_invite(ev: StrippedRoomMemberEvent, room: Room, HandlerCtx(ctx): Han
             match room.join().await {
                 Ok(()) => {
                     info!(room_id = %room_id, sender = %ev.sender, "joined room on invite");
+                    if let Some(joined) = ctx2.client.get_room(&room_id) {
+                        crate::announce::on_join(&ctx2, &joined).await;
+                    }
                     break;
                 }
                 Err(e) if attempt < 6 => {
@@ -109,6 +112,16 @@ async fn on_invite(ev: StrippedRoomMemberEvent, room: Room, HandlerCtx(ctx): Han
 /// Catches up every joined room from its live end back to the last journaled event (events
 /// lost between the SDK saving its token and our journal, e.g. in a crash).
 pub async fn catch_up_all(ctx: &Ctx) {
+    // The rooms' command descriptions, kept current (only what changed is sent), meanwhile.
+    let ctx2 = ctx.clone();
+    ctx.tracker.spawn(async move {
+        for room in ctx2.client.joined_rooms() {
+            if ctx2.shutdown.is_cancelled() {
+                return;
+            }
+            crate::announce::publish_commands(&ctx2, &room).await;
+        }
+    });
     for room in ctx.client.joined_rooms() {
         if ctx.shutdown.is_cancelled() {
             return;

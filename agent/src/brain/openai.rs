@@ -134,6 +134,37 @@ fn assistant_message(content: String, calls: &[PendingCall]) -> Value {
     assistant
 }
 
+/// The model for `input`'s turn: the one its room chose, if the operator offers it
+/// (`OPENAI_MODELS`), else the default.
+fn room_model<'a>(config: &'a OpenAiConfig, input: &'a TurnInput) -> &'a str {
+    let chosen = input
+        .turn
+        .settings
+        .as_ref()
+        .and_then(|s| s.model.as_deref());
+    match chosen {
+        Some(m) if config.room_models.iter().any(|o| o == m) => m,
+        Some(m) => {
+            warn!(
+                model = m,
+                "the room chose a model the operator does not offer; using the default"
+            );
+            &config.model
+        }
+        None => &config.model,
+    }
+}
+
+/// The instructions `input`'s room added to the system prompt, if any.
+fn room_instructions(input: &TurnInput) -> Option<&str> {
+    let settings = input.turn.settings.as_ref()?;
+    settings
+        .instructions
+        .as_deref()
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+}
+
 impl OpenAi {
     #[instrument(skip_all, fields(chat_id = %input.chat_id, turn = %input.turn.id, model = %self.config.model))]
     async fn run(&self, input: &TurnInput, io: &mut TurnIo) -> Result<(), BrainError> {
@@ -188,7 +219,8 @@ impl OpenAi {
     ) -> Result<Option<(String, Vec<PendingCall>)>, BrainError> {
         debug!(round, "model request");
         let was_refused = self.images_refused.load(Ordering::Relaxed);
-        let assembled = self.complete(messages, tools, io).await?;
+        let model = room_model(&self.config, input);
+        let assembled = self.complete(model, messages, tools, io).await?;
         if !was_refused && self.images_refused.load(Ordering::Relaxed) {
             // Asked again without them: later rounds do not send them either.
             vision::strip_images(messages);
@@ -320,6 +352,12 @@ impl OpenAi {
              and send files. Answer in Markdown.",
             own = io.scope().own_dir()
         );
+        let system = match room_instructions(input) {
+            Some(extra) => {
+                format!("{system}\n\nThe room's moderators add these instructions:\n{extra}")
+            }
+            None => system,
+        };
         let mut messages = vec![json!({ "role": "system", "content": system })];
         for turn in history::fit(&input.history.recent, self.config.tuning.history_chars) {
             let text = history::user_content(turn, &|p| history::earlier_note(turn, p));
@@ -409,12 +447,13 @@ impl OpenAi {
     /// server is asked to report token usage at the end of the stream.
     async fn complete(
         &self,
+        model: &str,
         messages: &[Value],
         tools: &[Value],
         io: &mut TurnIo,
     ) -> Result<Assembler, BrainError> {
         let mut body = json!({
-            "model": self.config.model,
+            "model": model,
             "messages": messages,
             "stream": true,
             "max_tokens": self.config.tuning.max_tokens,

@@ -221,6 +221,7 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
             None => self.fail("OPENAI_MODEL", "is required when AGENT_BRAIN=openai"),
             model => model,
         };
+        let room_models = self.room_models(model.as_deref());
         let api_key = self.get("OPENAI_API_KEY").map(Secret::new);
         let d = ModelTuning::default();
         let rerun_when_changed = match self.get("OPENAI_REPEAT_CALLS").as_deref().map(str::trim) {
@@ -245,6 +246,7 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
         Some(OpenAiConfig {
             base_url: base_url?,
             model: model?,
+            room_models: room_models?,
             api_key,
             tuning: ModelTuning {
                 connect_timeout: connect_timeout?,
@@ -258,6 +260,30 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
             },
             vision: vision?,
         })
+    }
+
+    /// `OPENAI_MODELS`: comma-separated names a room may choose; the default `model` is always
+    /// one of them.
+    fn room_models(&mut self, model: Option<&str>) -> Option<Vec<String>> {
+        let Some(list) = self.get("OPENAI_MODELS") else {
+            return Some(Vec::new());
+        };
+        let mut models: Vec<String> = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name.len() > 200 || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return self.fail(
+                    "OPENAI_MODELS",
+                    "names a model with spaces or control characters",
+                );
+            }
+            if !models.iter().any(|m| m == name) {
+                models.push(name.to_owned());
+            }
+        }
+        if let Some(m) = model.filter(|m| !models.iter().any(|n| n == m)) {
+            models.insert(0, m.to_owned());
+        }
+        Some(models)
     }
 
     fn vision(&mut self) -> Option<VisionConfig> {

@@ -153,6 +153,11 @@ pub const VARS: &[Var] = &[
         "",
         "model name (required with AGENT_BRAIN=openai)",
     ),
+    Var::new(
+        "OPENAI_MODELS",
+        "",
+        "models a room may choose with !set model, comma-separated (unset: none)",
+    ),
     Var::secret(
         "OPENAI_API_KEY",
         "API key, if the server needs one (never logged)",

@@ -47,13 +47,14 @@ pub(super) async fn handshake(
     None
 }
 
-/// Answers `hello` with `welcome`: the chat's last stored sequence number and the workspace
-/// check. `false` if the connection is already gone.
+/// Answers `hello` with `welcome`: the chat's last stored sequence number, the workspace
+/// check and the models a room may choose. `false` if the connection is already gone.
 pub(super) async fn welcome(
     workspace: &Workspace,
     chat: &Chat,
     out: &Outbox,
     hello: Hello,
+    models: Vec<String>,
 ) -> bool {
     info!(surface = %hello.surface, "handshake");
     let workspace = check_workspace(workspace, &chat.id, hello.workspace_sentinel).await;
@@ -72,6 +73,7 @@ pub(super) async fn welcome(
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         last_seq,
         workspace,
+        models,
     };
     out.send(&welcome.into()).await.is_ok()
 }

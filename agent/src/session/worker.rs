@@ -203,6 +203,12 @@ async fn run_turn(
         id.to_owned(),
         turn.sender.user_id.clone(),
     )
+    .with_room_tools(
+        turn.settings
+            .as_ref()
+            .map(|s| s.tools.clone())
+            .unwrap_or_default(),
+    )
     .resuming(steps);
     let input = TurnInput {
         chat_id: chat.id.clone(),

@@ -50,6 +50,7 @@ pub(super) fn message(seq: u64, id: &str) -> UserMessage {
         attachment_info: BTreeMap::new(),
         context: vec![],
         timestamp_ms: seq,
+        settings: None,
     }
 }
 

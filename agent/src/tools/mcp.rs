@@ -95,7 +95,8 @@ impl Registry {
             "{name} wants to run the tool {:?} of the MCP server {server} with {resource}",
             tool.name
         );
-        self.permit_as(self.policy(name), name, resource, &summary, cx, grants)
+        let policy = cx.within_room(name, self.policy(name));
+        self.permit_as(policy, name, resource, &summary, cx, grants)
             .await?;
         let text = hub.call(chat, name, object).await?;
         Ok(text.into())

@@ -26,6 +26,7 @@ fn message(id: &str, seq: u64) -> UserMessage {
         attachment_info: BTreeMap::new(),
         context: vec![],
         timestamp_ms: 0,
+        settings: None,
     }
 }
 

@@ -215,6 +215,7 @@ pub fn message(seq: u64, id: &str, text: &str) -> UserMessage {
         attachment_info: Default::default(),
         context: Vec::new(),
         timestamp_ms: 1_700_000_000_000_u64.saturating_add(seq),
+        settings: None,
     }
 }
 

@@ -18,20 +18,23 @@ use matrix_sdk::ruma::{EventEncryptionAlgorithm, OwnedEventId, OwnedRoomId, Owne
 
 use crate::TURN;
 
-struct Group {
-    stack: Stack,
-    alice: E2eeUser,
-    bob: E2eeUser,
-    room: String,
+pub(crate) struct Group {
+    pub stack: Stack,
+    pub alice: E2eeUser,
+    pub bob: E2eeUser,
+    pub room: String,
 }
 
 impl Group {
     /// A room with Alice, Bob and the bot; end-to-end encrypted when `encrypted`.
     async fn start(encrypted: bool) -> Self {
+        Self::start_with(encrypted, StackOptions::default()).await
+    }
+
+    /// As [`Group::start`], the stack started with `opts`.
+    pub(crate) async fn start_with(encrypted: bool, opts: StackOptions) -> Self {
         let hs = Homeserver::from_env();
-        let stack = Stack::start(&hs, StackOptions::default())
-            .await
-            .expect("stack");
+        let stack = Stack::start(&hs, opts).await.expect("stack");
         let alice = E2eeUser::register(&hs, "alice").await.expect("alice");
         let bob = E2eeUser::register(&hs, "bob").await.expect("bob");
         let mut req = CreateRoomRequest::new();
@@ -72,14 +75,14 @@ impl Group {
         }
     }
 
-    fn room_of(&self, user: &E2eeUser) -> matrix_sdk::Room {
+    pub(crate) fn room_of(&self, user: &E2eeUser) -> matrix_sdk::Room {
         user.client()
             .get_room(&OwnedRoomId::try_from(self.room.as_str()).unwrap())
             .unwrap()
     }
 
     /// `text` from `user`, mentioning the bot as Element does (`m.mentions`, name first).
-    async fn mention(&self, user: &E2eeUser, text: &str) -> String {
+    pub(crate) async fn mention(&self, user: &E2eeUser, text: &str) -> String {
         let bot = OwnedUserId::try_from(self.stack.bot.user_id.as_str()).unwrap();
         let body = format!("{}: {text}", bot.localpart());
         let content =
@@ -89,14 +92,19 @@ impl Group {
     }
 
     /// `text` from `user` in the thread of `root`.
-    async fn in_thread(&self, user: &E2eeUser, root: &str, text: &str) -> String {
+    pub(crate) async fn in_thread(&self, user: &E2eeUser, root: &str, text: &str) -> String {
         user.send_in_thread(&self.room, root, text)
             .await
             .expect("send")
     }
 
     /// The first bot message answering `id` (in its thread) that `pick` accepts.
-    async fn answer(&self, id: &str, what: &str, pick: impl Fn(&Received) -> bool) -> Received {
+    pub(crate) async fn answer(
+        &self,
+        id: &str,
+        what: &str,
+        pick: impl Fn(&Received) -> bool,
+    ) -> Received {
         let bot = self.stack.bot.user_id.clone();
         self.alice
             .wait_for(TURN, what, || async {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// The surface's modules, bottom to top. A module may import from any earlier layer.
 const SURFACE: &[&[&str]] = &[
+    &["command"],
     &[
         "config",
         "decide",
@@ -24,6 +25,7 @@ const SURFACE: &[&[&str]] = &[
         "purpose",
         "render",
         "retry",
+        "room_settings",
         "route",
     ],
     &["connection", "event", "logging", "trust", "workspace"],
@@ -38,7 +40,7 @@ const SURFACE: &[&[&str]] = &[
     &["waits"],
     &["context"],
     &["doctor", "send"],
-    &["prompts"],
+    &["announce", "prompts"],
     &["lanes"],
     &["ingest", "mcp", "outbound"],
     &["undecrypted"],

@@ -31,6 +31,7 @@ mod perceive;
 mod pg_failover;
 mod progress;
 mod recovery;
+mod room_control;
 mod scale_out;
 mod streaming;
 

@@ -4,6 +4,7 @@
 //! that asks to send a file twice delivers it once.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,27 +19,56 @@ use serde_json::{Value, json};
 use crate::TURN;
 
 /// One scripted completion: SSE `data` payloads and the pause before each.
-type Script = Vec<(Duration, Value)>;
+pub type Script = Vec<(Duration, Value)>;
 /// Makes a completion's script from the request.
-type Scripter = Box<dyn Fn(&Value) -> Script + Send + Sync>;
+pub type Scripter = Box<dyn Fn(&Value) -> Script + Send + Sync>;
 
+/// An OpenAI-compatible model server that streams scripted completions, one per request.
 #[derive(Clone, Default)]
-struct Model {
-    scripts: Arc<Mutex<VecDeque<Scripter>>>,
+pub struct Model {
+    pub scripts: Arc<Mutex<VecDeque<Scripter>>>,
     /// When the last chunk of each completion was written.
-    finished: Arc<Mutex<Vec<Instant>>>,
+    pub finished: Arc<Mutex<Vec<Instant>>>,
+    /// Completions whose client closed the stream before its end.
+    pub cut: Arc<AtomicU32>,
+    /// The `model` each request asked for.
+    pub models: Arc<Mutex<Vec<String>>>,
+}
+
+/// Counts a completion cut off by its client: dropped with the stream before the end.
+struct CutGuard {
+    done: Arc<AtomicBool>,
+    cut: Arc<AtomicU32>,
+}
+
+impl Drop for CutGuard {
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::SeqCst) {
+            self.cut.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 async fn complete(State(m): State<Model>, body: axum::Json<Value>) -> Response {
+    m.models
+        .lock()
+        .unwrap()
+        .push(body.0["model"].as_str().unwrap_or_default().to_owned());
     let script = m.scripts.lock().unwrap().pop_front();
     let chunks = match script {
         Some(f) => f(&body.0),
         None => vec![(Duration::ZERO, text_delta("(script over)", Some("stop")))],
     };
     let finished = m.finished.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let guard = CutGuard {
+        done: done.clone(),
+        cut: m.cut.clone(),
+    };
     let stream =
         futures_util::stream::iter(chunks.into_iter().map(Some).chain([None])).then(move |c| {
-            let finished = finished.clone();
+            let _alive = &guard;
+            let (finished, done) = (finished.clone(), done.clone());
             async move {
                 match c {
                     Some((pause, payload)) => {
@@ -46,6 +76,7 @@ async fn complete(State(m): State<Model>, body: axum::Json<Value>) -> Response {
                         Ok::<_, std::io::Error>(format!("data: {payload}\n\n"))
                     }
                     None => {
+                        done.store(true, Ordering::SeqCst);
                         finished.lock().unwrap().push(Instant::now());
                         Ok("data: [DONE]\n\n".to_owned())
                     }
@@ -58,11 +89,12 @@ async fn complete(State(m): State<Model>, body: axum::Json<Value>) -> Response {
         .unwrap()
 }
 
-fn text_delta(text: &str, finish: Option<&str>) -> Value {
+pub fn text_delta(text: &str, finish: Option<&str>) -> Value {
     json!({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
 }
 
-fn call(id: &str, name: &str, args: Value) -> Vec<(Duration, Value)> {
+/// A tool call as a model streams it.
+pub fn call(id: &str, name: &str, args: Value) -> Vec<(Duration, Value)> {
     vec![(
         Duration::from_millis(50),
         json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": id,
@@ -72,7 +104,7 @@ fn call(id: &str, name: &str, args: Value) -> Vec<(Duration, Value)> {
 }
 
 /// The chat's own folder, as the agent's system prompt names it.
-fn own_dir(request: &Value) -> String {
+pub fn own_dir(request: &Value) -> String {
     let system = request["messages"][0]["content"]
         .as_str()
         .unwrap_or_default();
@@ -80,7 +112,8 @@ fn own_dir(request: &Value) -> String {
     after.split("/ ").next().unwrap_or_default().to_owned()
 }
 
-async fn start_model(model: Model) -> String {
+/// Serves `model` on loopback; returns its base URL (`…/v1`).
+pub async fn start_model(model: Model) -> String {
     let router = axum::Router::new()
         .route("/v1/chat/completions", post(complete))
         .with_state(model);

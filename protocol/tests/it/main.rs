@@ -88,6 +88,7 @@ fn user_message_full_and_minimal() {
                 timestamp_ms: 1,
             }],
             timestamp_ms: 2,
+            settings: None,
         }),
     );
     both_ways(
@@ -107,6 +108,7 @@ fn user_message_full_and_minimal() {
             attachment_info: BTreeMap::new(),
             context: vec![],
             timestamp_ms: 0,
+            settings: None,
         }),
     );
 }
@@ -199,6 +201,7 @@ fn welcome() {
                     nonce: "a1".into(),
                 }),
             },
+            models: vec![],
         }),
     );
 }

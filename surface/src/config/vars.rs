@@ -79,6 +79,11 @@ pub const VARS: &[Var] = &[
         "post compact notices for tool calls",
     ),
     Var::new(
+        "SURFACE_JOIN_INTRO",
+        "on",
+        "one short introduction in each room joined: on or off",
+    ),
+    Var::new(
         "SURFACE_HEALTH_BIND",
         "127.0.0.1:8701",
         "/healthz and /metrics",

@@ -1,10 +1,12 @@
 //! What the surface does with a journaled event: an answer goes to the waiting question or
-//! approval, a redaction removes files, `!mode` changes the room, the bot-loop breaker counts,
-//! and a message wakes its lane.
+//! approval, a redaction removes files (and stops the turn answering it), `!mode` changes the
+//! room, `!stop` and ⏹️ stop a turn, `!help` is answered, the bot-loop breaker counts, and a
+//! message wakes its lane.
 
 use tracing::{debug, error, info, warn};
 
-use super::{Pokes, notices};
+use super::{Pokes, notices, settings, stop};
+use crate::command::{self, Change, Command};
 use crate::context::Ctx;
 use crate::decide::{self, Decision, IgnoreReason};
 use crate::inbound::{Inbound, Kind};
@@ -15,13 +17,14 @@ use crate::render;
 
 /// Carries out redaction `e`: the redacted message is not processed if it still waited, and the
 /// files it brought leave the inbox.
-fn redact(ctx: &Ctx, e: &Inbound) {
+fn redact(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
     let Kind::Redaction {
         target: Some(target),
     } = &e.kind
     else {
         return;
     };
+    stop::redacted(ctx, ev, target);
     let target = target.as_str();
     let dropped = ctx.journal.drop_pending(target).unwrap_or(false);
     let files = match ctx.journal.redaction_target(target) {
@@ -80,9 +83,18 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
                 debug!(event_id = %ev.event_id, reason = ?reason, "ignored");
             }
         }
-        Decision::SetMode { every_message } => notices::set_mode(ctx, ev, every_message),
+        Decision::Command(Command::Mode { every_message }) => {
+            settings::change(ctx, ev, e, Change::Mode(every_message))
+        }
+        Decision::Command(Command::Set(change)) => settings::change(ctx, ev, e, change),
+        Decision::Command(Command::SetUsage) => settings::usage(ctx, ev, e),
+        Decision::Command(Command::Settings) => settings::show(ctx, ev, e),
+        Decision::Command(Command::Stop) => stop::request(ctx, ev, e),
+        Decision::Command(Command::Help) => {
+            notices::notify(ctx, ev, command::help_text(), Purpose::Help)
+        }
         Decision::Redaction => {
-            redact(ctx, e);
+            redact(ctx, ev, e);
             poke(ev, pokes);
         }
         Decision::ReplaceQueued => replace_queued(ctx, ev, e),

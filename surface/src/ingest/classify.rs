@@ -113,6 +113,10 @@ fn facts_for<'a>(
         ),
         _ => (None, ctx.waits.lookup(room_id, e.sender.as_str())),
     };
+    let on_running_turn = match &e.kind {
+        Kind::Reaction { target, .. } => super::stop::runs(ctx, room_id, target.as_str()),
+        _ => false,
+    };
     Facts {
         bot_user_id: bot.as_str(),
         bot_display_name: room.bot_display_name.as_deref(),
@@ -139,6 +143,7 @@ fn facts_for<'a>(
         direct_chat: room.members <= 2,
         every_message: room.every_message,
         waiting,
+        on_running_turn,
         ..kind_facts(e)
     }
 }
@@ -184,7 +189,7 @@ fn disposition_of(decision: &Decision, redacted: Option<&Redacted>) -> Dispositi
         | Decision::Plaintext
         | Decision::UnverifiedApproval { .. }
         | Decision::ReplaceQueued
-        | Decision::SetMode { .. } => Disposition::Skip,
+        | Decision::Command(_) => Disposition::Skip,
         // The agent hears of removed files with the chat's next turn.
         Decision::Redaction => match redacted {
             Some(r) if !r.attachments.is_empty() => Disposition::Context,

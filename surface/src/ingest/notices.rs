@@ -65,6 +65,19 @@ pub(super) fn notify_about(ctx: &Ctx, ev: &NewEvent, e: &Inbound, text: String, 
     });
 }
 
+/// `user`'s power level in `room` (0 when unknown).
+pub(super) async fn power_level(room: &Room, user: &matrix_sdk::ruma::UserId) -> i64 {
+    use matrix_sdk::ruma::events::room::power_levels::UserPowerLevel;
+    match room.get_member_no_sync(user).await {
+        Ok(Some(m)) => match m.power_level() {
+            UserPowerLevel::Infinite => i64::MAX,
+            UserPowerLevel::Int(n) => n.into(),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
 /// The power level a sender needs to change how the bot is triggered in a room (moderator).
 const MODE_POWER_LEVEL: i64 = 50;
 
@@ -77,14 +90,7 @@ pub(super) fn set_mode(ctx: &Ctx, ev: &NewEvent, every_message: bool) {
     let user = ev.sender.clone();
     let (ctx2, ev2) = (ctx.clone(), ev.clone());
     ctx.tracker.spawn(async move {
-        let level = match room.get_member_no_sync(&user).await {
-            Ok(Some(m)) => match m.power_level() {
-                matrix_sdk::ruma::events::room::power_levels::UserPowerLevel::Infinite => i64::MAX,
-                matrix_sdk::ruma::events::room::power_levels::UserPowerLevel::Int(n) => n.into(),
-                _ => 0,
-            },
-            _ => 0,
-        };
+        let level = power_level(&room, &user).await;
         let text = if level < MODE_POWER_LEVEL {
             info!(room_id = %ev2.room_id, sender = %ev2.sender, level, "!mode refused");
             "Only the room's moderators can change when I answer here.".to_owned()

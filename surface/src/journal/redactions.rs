@@ -112,6 +112,7 @@ mod tests {
             attachment_info: BTreeMap::new(),
             context: vec![],
             timestamp_ms: 1,
+            settings: None,
         };
         j.create_turn(&chat, msg, &[]).unwrap();
         let r = j.redaction_target("$turn").unwrap().unwrap();

@@ -101,13 +101,14 @@ impl Journal {
             == Some(1))
     }
 
-    /// The turn `seq` is over: it and its events are done for the surface. Atomic.
-    pub fn finish_turn(&self, chat: &ChatId, seq: u64) -> Result<()> {
+    /// The turn `seq` is over, as `outcome` says: it and its events are done for the surface.
+    /// Atomic.
+    pub fn finish_turn(&self, chat: &ChatId, seq: u64, outcome: &str) -> Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.execute(
-            "UPDATE turns SET ended = 1 WHERE chat_id = ?1 AND seq = ?2",
-            params![chat.as_str(), seq as i64],
+            "UPDATE turns SET ended = 1, outcome = ?3 WHERE chat_id = ?1 AND seq = ?2",
+            params![chat.as_str(), seq as i64, outcome],
         )?;
         tx.execute(
             "UPDATE events SET state = 'handled' WHERE chat_id = ?1 AND turn_seq = ?2",
@@ -115,5 +116,18 @@ impl Journal {
         )?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// How the turn answering event `event_id` ended (`None`: not over, or unknown).
+    pub fn turn_outcome(&self, event_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT outcome FROM turns WHERE event_id = ?1 ORDER BY seq DESC LIMIT 1",
+                params![event_id],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()?
+            .flatten())
     }
 }

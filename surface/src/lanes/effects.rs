@@ -7,20 +7,21 @@
 use std::time::Duration;
 
 use matrix_sdk::ruma::OwnedEventId;
+use matrix_sdk::ruma::events::MessageLikeEventContent;
 use matrix_sdk::ruma::events::room::message::{
     ReplacementMetadata, RoomMessageEventContent, RoomMessageEventContentWithoutRelation,
 };
 use matrix_sdk::ruma::{EventId, OwnedTransactionId};
 use protocol::{
-    ApprovalDecision, ApprovalRequest, AskUser, Decision as ApprovalChoice, DeliveryResult,
+    ApprovalDecision, ApprovalRequest, AskUser, Cancel, Decision as ApprovalChoice, DeliveryResult,
     SendFile, ToAgent, UserMessage,
 };
 use tracing::{debug, error, info, instrument, warn};
 
-use super::Lane;
 use super::live::{self, Live, LiveStep};
 use super::progress::{self, Progress, RoomSignals};
 use super::turn::{Input, Outcome, Step, TurnState, WaitsFor};
+use super::{Lane, Running};
 use crate::agent_link::LinkEvent;
 use crate::media;
 use crate::prompts;
@@ -92,6 +93,8 @@ pub(super) struct Turn {
     /// Outages the room was told of during this turn (each notice has its own transaction id,
     /// outside the numbering of the turn's answers, which a resumed turn repeats).
     outages: u32,
+    /// The answer is shown while it is written (the room's `streaming` setting).
+    streaming: bool,
 }
 
 /// Waits until `deadline`, or for ever without one.
@@ -122,7 +125,10 @@ impl Lane {
     pub(super) async fn run_turn(&mut self, msg: UserMessage, progress: Option<Progress>) {
         let Some(target) = self.target_for(&msg.id, msg.thread_root.as_deref()) else {
             warn!("malformed event id; dropping turn");
-            let _ = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq);
+            let _ = self
+                .ctx
+                .journal
+                .finish_turn(&self.chat.chat_id, msg.seq, "dropped");
             return;
         };
         let progress = progress.unwrap_or_else(|| self.start_progress(target.event_id.clone()));
@@ -137,6 +143,7 @@ impl Lane {
             since: tokio::time::Instant::now(),
             progress,
             outages: 0,
+            streaming: crate::room_settings::read(&self.room).await.0.streaming != Some(false),
         };
         let mut state = TurnState::new(
             &msg.id,
@@ -145,6 +152,13 @@ impl Lane {
             self.outage_told,
         );
         let mut clock = Clock::default();
+        self.handle.start(Running {
+            chat: self.chat.chat_id.clone(),
+            room_id: self.chat.room_id.to_string(),
+            turn: msg.id.clone(),
+            requester: msg.sender.user_id.clone(),
+            live: None,
+        });
         let outcome = 'turn: loop {
             let deadline = clock.deadline(state.wait(), self.ctx.config.agent_down_notice);
             let input = self.next_input(&mut turn, deadline).await;
@@ -154,6 +168,7 @@ impl Lane {
                 }
             }
         };
+        self.handle.over();
         self.outage_told = state.told();
         turn.progress.over();
         self.ctx.waits.turn_over(&turn.turn);
@@ -164,6 +179,7 @@ impl Lane {
                 warn!("no news about a turn the agent already had; its end was probably lost");
             }
             Outcome::Interrupted => info!("turn interrupted by shutdown; it resumes after restart"),
+            Outcome::Stopped => info!("turn stopped on request"),
         }
         if !outcome.is_final() {
             return;
@@ -172,7 +188,12 @@ impl Lane {
             info!("shutdown came before everything was posted; the turn resumes after restart");
             return;
         }
-        if let Err(e) = self.ctx.journal.finish_turn(&self.chat.chat_id, msg.seq) {
+        crate::metrics::turn(outcome.label());
+        if let Err(e) = self
+            .ctx
+            .journal
+            .finish_turn(&self.chat.chat_id, msg.seq, outcome.label())
+        {
             error!(error = %e, "could not mark the turn finished");
         }
     }
@@ -184,8 +205,10 @@ impl Lane {
         turn: &mut Turn,
         deadline: Option<tokio::time::Instant>,
     ) -> Input {
+        let handle = self.handle.clone();
         tokio::select! {
             _ = self.ctx.shutdown.cancelled() => Input::Stop,
+            by = handle.stop_requested() => Input::StopRequested { by },
             _ = until(deadline) => Input::Quiet,
             r = self.events.recv() => match r {
                 None => Input::Stop,
@@ -245,6 +268,12 @@ impl Lane {
                 clock.recovering = Some(tokio::time::Instant::now() + RECOVERY_IDLE_TIMEOUT);
             }
             Step::Resume => clock.recovering = None,
+            Step::Cancel { by } => {
+                info!(by = %by, "stop asked for: the agent is told to cancel the turn");
+                self.link.send(ToAgent::Cancel(Cancel {
+                    turn: turn.turn.clone(),
+                }));
+            }
             Step::AgentError(e) => warn!(error = %e, "agent error"),
             Step::Finish(outcome) => return Some(outcome),
         }
@@ -285,7 +314,7 @@ impl Lane {
     /// More answer text arrived: shows it, when streaming is on and it is time (see
     /// [`live::next`]).
     async fn progress(&self, turn: &mut Turn, text: &str) {
-        let interval = self.ctx.config.stream_interval;
+        let interval = self.ctx.config.stream_interval.filter(|_| turn.streaming);
         let Some(pace) = interval else { return };
         let now = tokio::time::Instant::now();
         turn.live.text_at(now);
@@ -297,8 +326,11 @@ impl Lane {
             LiveStep::Wait => {}
             LiveStep::Post => {
                 let txn = render::live_txn_id(&turn.turn, turn.out_index);
-                let content = turn.target.markdown(&shown);
+                let content = live::Marked(turn.target.markdown(&shown));
                 let id = self.post_as(turn, content, Purpose::AnswerLive, txn).await;
+                if let Some(id) = &id {
+                    self.handle.live_posted(id.as_str());
+                }
                 turn.live.event_id = id.map(|id| id.to_string());
                 turn.live.shown(now, chars, pace, None);
                 turn.live_text = shown;
@@ -318,7 +350,7 @@ impl Lane {
                 )
                 .make_replacement(ReplacementMetadata::new(id, None));
                 let posting = turn.progress.posting();
-                let wait = send::try_once(&self.room, edit, Purpose::AnswerProgress)
+                let wait = send::try_once(&self.room, live::Marked(edit), Purpose::AnswerProgress)
                     .await
                     .err();
                 drop(posting);
@@ -350,13 +382,16 @@ impl Lane {
         self.post_as(turn, content, purpose, txn).await
     }
 
-    async fn post_as(
+    async fn post_as<C>(
         &self,
         turn: &mut Turn,
-        content: RoomMessageEventContent,
+        content: C,
         purpose: Purpose,
         txn: OwnedTransactionId,
-    ) -> Option<OwnedEventId> {
+    ) -> Option<OwnedEventId>
+    where
+        C: MessageLikeEventContent + serde::Serialize + Clone,
+    {
         if purpose != Purpose::File {
             // A file's post waits for its upload, which is not latency.
             crate::latency::agent_to_send(turn.since.into_std());

@@ -5,9 +5,45 @@
 //! edited ever more slowly (the pace grows with its length) and at most [`MAX_EDITS`] times:
 //! past that it goes on without edits and is shown whole by the final edit, so no message
 //! collects the thousand edits that stop a room loading in clients. Pure: [`next`] decides,
-//! the lane executes (`lanes::effects`).
+//! the lane executes (`lanes::effects`). While it is written, the message and its edits carry
+//! the live marker of MSC4357 ([`Marked`]); the final edit does not, so clients that know the
+//! proposal show it as live and notify once.
 
+use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
+use matrix_sdk::ruma::events::{MessageLikeEventContent, MessageLikeEventType};
+use serde::{Serialize, Serializer};
 use tokio::time::{Duration, Instant};
+
+/// MSC4357's unstable key: in a message's content (and in the `m.new_content` of an edit of
+/// it) while the message is still being written.
+pub const LIVE_MARKER: &str = "org.matrix.msc4357.live";
+
+/// A message, or an edit of one, marked as still being written ([`LIVE_MARKER`], an empty
+/// object, at the top and in `m.new_content`).
+#[derive(Debug, Clone)]
+pub struct Marked(pub RoomMessageEventContent);
+
+impl Serialize for Marked {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut v = serde_json::to_value(&self.0).map_err(serde::ser::Error::custom)?;
+        if let Some(content) = v.as_object_mut() {
+            if let Some(new) = content
+                .get_mut("m.new_content")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                new.insert(LIVE_MARKER.into(), serde_json::json!({}));
+            }
+            content.insert(LIVE_MARKER.into(), serde_json::json!({}));
+        }
+        v.serialize(s)
+    }
+}
+
+impl MessageLikeEventContent for Marked {
+    fn event_type(&self) -> MessageLikeEventType {
+        MessageLikeEventType::RoomMessage
+    }
+}
 
 /// Where the shown answer stands for the current block of text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -102,7 +138,27 @@ impl Live {
 
 #[cfg(test)]
 mod tests {
+    use matrix_sdk::ruma::events::room::message::{
+        ReplacementMetadata, RoomMessageEventContentWithoutRelation,
+    };
+    use matrix_sdk::ruma::owned_event_id;
+
     use super::*;
+
+    #[test]
+    fn the_live_marker_is_on_the_message_and_in_its_edits() {
+        let post =
+            serde_json::to_value(Marked(RoomMessageEventContent::text_plain("Once …"))).unwrap();
+        assert_eq!(post[LIVE_MARKER], serde_json::json!({}), "{post}");
+        assert_eq!(post["body"], "Once …");
+        let edit = RoomMessageEventContentWithoutRelation::text_plain("Once upon …")
+            .make_replacement(ReplacementMetadata::new(owned_event_id!("$live:hs"), None));
+        let edit = serde_json::to_value(Marked(edit)).unwrap();
+        assert_eq!(edit[LIVE_MARKER], serde_json::json!({}), "{edit}");
+        assert_eq!(edit["m.new_content"][LIVE_MARKER], serde_json::json!({}));
+        assert_eq!(edit["m.new_content"]["body"], "Once upon …");
+        assert_eq!(edit["m.relates_to"]["rel_type"], "m.replace");
+    }
 
     #[test]
     fn table() {

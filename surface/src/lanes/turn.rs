@@ -28,6 +28,11 @@ pub enum Input {
     Quiet,
     /// Shutdown, or the link is gone for good: the turn stays open and resumes after restart.
     Stop,
+    /// Someone allowed to asked to stop the turn (`!stop`, ⏹️, or the message redacted).
+    StopRequested {
+        /// Who.
+        by: String,
+    },
 }
 
 /// What to do.
@@ -57,6 +62,11 @@ pub enum Step {
     Recover,
     /// The agent is working on the turn: the normal idle deadline applies again.
     Resume,
+    /// Tell the agent to cancel the turn.
+    Cancel {
+        /// Who asked, for the log.
+        by: String,
+    },
     /// The agent reported an error (logged).
     AgentError(String),
     /// The turn is over.
@@ -74,6 +84,9 @@ pub enum Outcome {
     Lost,
     /// Shutdown: not finished, resumed after the restart.
     Interrupted,
+    /// Stopped on request: cancelled by the agent, or ended here while the agent did not have
+    /// it (the cancel reaches it when it is back).
+    Stopped,
 }
 
 impl Outcome {
@@ -81,7 +94,23 @@ impl Outcome {
     pub fn is_final(self) -> bool {
         self != Self::Interrupted
     }
+
+    /// How the journal and the metrics name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ended => "ended",
+            Self::Timeout => "timeout",
+            Self::Lost => "lost",
+            Self::Interrupted => "interrupted",
+            Self::Stopped => "stopped",
+        }
+    }
 }
+
+/// What ends the kept part of a stopped answer.
+pub const STOPPED_MARK: &str = "⏹️ *Stopped.*";
+/// The notice of a turn stopped before it said anything.
+pub const STOPPED_NOTICE: &str = "⏹️ Stopped.";
 
 /// Text of the notice when the agent went quiet.
 pub const TIMEOUT_NOTICE: &str = "⚠️ The agent did not finish answering this message.";
@@ -125,6 +154,8 @@ pub struct TurnState {
     /// The room was told the agent cannot be reached, in this outage (it may have started in
     /// an earlier turn of the chat; it ends when the agent accepts a turn).
     told: bool,
+    /// A stop was asked for (the agent was told to cancel).
+    stopping: bool,
 }
 
 impl TurnState {
@@ -142,6 +173,7 @@ impl TurnState {
             accepted: false,
             link_down: false,
             told,
+            stopping: false,
         }
     }
 
@@ -165,6 +197,16 @@ impl TurnState {
         let mut steps = Vec::new();
         match input {
             Input::Stop => steps.push(Step::Finish(Outcome::Interrupted)),
+            Input::StopRequested { .. } if self.stopping => {}
+            Input::StopRequested { by } => {
+                self.stopping = true;
+                steps.push(Step::Cancel { by });
+                // The agent does not have the turn now: it ends here; the cancel waits for the
+                // link and reaches the agent before anything else of this chat.
+                if self.wait() != WaitsFor::News {
+                    self.stopped(&mut steps);
+                }
+            }
             Input::Quiet if self.wait() != WaitsFor::News => {
                 if !self.told {
                     self.told = true;
@@ -222,6 +264,9 @@ impl TurnState {
                 if a.duplicate {
                     self.recover(steps);
                 }
+            }
+            ToSurface::End(e) if mine(&e.turn) && e.status == EndStatus::Cancelled => {
+                self.stopped(steps)
             }
             ToSurface::End(e) if mine(&e.turn) => {
                 self.flush(steps);
@@ -306,6 +351,19 @@ impl TurnState {
         }
     }
 
+    /// The turn ends stopped: what was said so far is kept, marked as stopped.
+    fn stopped(&mut self, steps: &mut Vec<Step>) {
+        let text = std::mem::take(&mut self.text);
+        match text.trim() {
+            "" => steps.push(Step::Notice {
+                text: STOPPED_NOTICE.to_owned(),
+                purpose: Purpose::TurnStopped,
+            }),
+            text => steps.push(Step::Answer(format!("{text}\n\n{STOPPED_MARK}"))),
+        }
+        steps.push(Step::Finish(Outcome::Stopped));
+    }
+
     fn flush(&mut self, steps: &mut Vec<Step>) {
         let text = std::mem::take(&mut self.text);
         let text = text.trim();
@@ -331,369 +389,4 @@ fn turn_of(m: &ToSurface) -> Option<&str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    /// An agent message from its JSON (the wire format keeps these tests readable).
-    fn msg(v: serde_json::Value) -> Input {
-        Input::Message(serde_json::from_value(v).unwrap())
-    }
-
-    fn text(t: &str) -> Input {
-        msg(json!({"type": "text_chunk", "turn": "$t", "text": t}))
-    }
-
-    fn end(status: &str) -> Input {
-        msg(json!({"type": "end", "turn": "$t", "status": status}))
-    }
-
-    fn notice(text: &str, purpose: Purpose) -> Step {
-        Step::Notice {
-            text: text.to_owned(),
-            purpose,
-        }
-    }
-
-    fn answer(t: &str) -> Step {
-        Step::Answer(t.to_owned())
-    }
-
-    /// A case: name, whether tool calls are shown, inputs, and the steps for each input.
-    type Case = (&'static str, bool, Vec<Input>, Vec<Vec<Step>>);
-
-    /// Runs `inputs` through a fresh turn `$t` (seq 3) and returns every step, per input.
-    fn run(show_tools: bool, inputs: Vec<Input>) -> Vec<Vec<Step>> {
-        let mut s = TurnState::new("$t", 3, show_tools, false);
-        inputs.into_iter().map(|i| s.on(i)).collect()
-    }
-
-    fn ack(seq: u64, duplicate: bool) -> Input {
-        msg(json!({"type": "ack", "seq": seq, "duplicate": duplicate}))
-    }
-
-    fn unreachable() -> Step {
-        notice(UNREACHABLE_NOTICE, Purpose::AgentUnreachable)
-    }
-
-    #[test]
-    fn what_the_turn_waits_for() {
-        let mut s = TurnState::new("$t", 3, false, false);
-        assert_eq!(
-            s.wait(),
-            WaitsFor::Agent,
-            "a new turn waits for the agent to take it"
-        );
-        s.on(ack(2, false));
-        assert_eq!(
-            s.wait(),
-            WaitsFor::Agent,
-            "another turn's ack is not this one's"
-        );
-        s.on(Input::Quiet);
-        assert_eq!(s.wait(), WaitsFor::AgentTold, "told: no deadline any more");
-        assert!(s.told());
-        s.on(ack(3, false));
-        assert_eq!(s.wait(), WaitsFor::News);
-        assert!(!s.told(), "the agent took the turn: the outage is over");
-        s.on(Input::Disconnected);
-        assert_eq!(s.wait(), WaitsFor::Agent, "a dropped link is a new outage");
-        s.on(Input::Connected { last_seq: 3 });
-        assert_eq!(s.wait(), WaitsFor::News);
-
-        let told = TurnState::new("$u", 4, false, true);
-        assert_eq!(
-            told.wait(),
-            WaitsFor::AgentTold,
-            "told in an earlier turn of this outage"
-        );
-        let mut told = told;
-        assert_eq!(told.on(Input::Quiet), vec![], "and not told again");
-        assert!(told.told(), "the next turn is not told either");
-    }
-
-    #[test]
-    fn table() {
-        let send_file =
-            json!({"type": "send_file", "turn": "$t", "request_id": "f1", "path": "chats/c/a.txt"});
-        let approval = json!({"type": "approval_request", "turn": "$t", "request_id": "r1",
-            "tool": "write_file", "resource": "a.txt", "summary": "write a.txt"});
-        let ask = json!({"type": "ask_user", "turn": "$t", "question_id": "q1", "text": "Color?"});
-        let cases: Vec<Case> = vec![
-            (
-                "text streams, then is posted at the end",
-                false,
-                vec![text("Hel"), text("lo "), end("completed")],
-                vec![
-                    vec![Step::Progress],
-                    vec![Step::Progress],
-                    vec![answer("Hello"), Step::Finish(Outcome::Ended)],
-                ],
-            ),
-            (
-                "a failed turn says why",
-                false,
-                vec![text("partial"), end("failed")],
-                vec![
-                    vec![Step::Progress],
-                    vec![
-                        answer("partial"),
-                        notice("⚠️ I could not finish this: failed", Purpose::TurnFailed),
-                        Step::Finish(Outcome::Ended),
-                    ],
-                ],
-            ),
-            (
-                "a notice from the agent is posted in order; other custom updates are not",
-                false,
-                vec![
-                    text("so far"),
-                    msg(
-                        json!({"type": "custom_update", "turn": "$t", "name": "notice",
-                        "data": {"text": "🎤 voice message: “hello”"}}),
-                    ),
-                    msg(
-                        json!({"type": "custom_update", "turn": "$t", "name": "progress",
-                        "data": {"text": "not for the room"}}),
-                    ),
-                    msg(
-                        json!({"type": "custom_update", "turn": "$other", "name": "notice",
-                        "data": {"text": "another turn's"}}),
-                    ),
-                ],
-                vec![
-                    vec![Step::Progress],
-                    vec![
-                        answer("so far"),
-                        notice("🎤 voice message: “hello”", Purpose::AgentNotice),
-                    ],
-                    vec![],
-                    vec![],
-                ],
-            ),
-            (
-                "text before a file is posted before it",
-                false,
-                vec![text("here:"), msg(send_file.clone())],
-                vec![
-                    vec![Step::Progress],
-                    vec![
-                        answer("here:"),
-                        Step::SendFile(serde_json::from_value(send_file.clone()).unwrap()),
-                    ],
-                ],
-            ),
-            (
-                "prompts flush text too",
-                false,
-                vec![text("need ok"), msg(approval.clone()), msg(ask.clone())],
-                vec![
-                    vec![Step::Progress],
-                    vec![
-                        answer("need ok"),
-                        Step::Approval(serde_json::from_value(approval.clone()).unwrap()),
-                    ],
-                    vec![Step::Ask(serde_json::from_value(ask.clone()).unwrap())],
-                ],
-            ),
-            (
-                "whitespace alone is not posted",
-                false,
-                vec![text("  \n"), end("completed")],
-                vec![vec![Step::Progress], vec![Step::Finish(Outcome::Ended)]],
-            ),
-            (
-                "another turn's messages are ignored",
-                false,
-                vec![
-                    msg(json!({"type": "text_chunk", "turn": "$other", "text": "x"})),
-                    msg(json!({"type": "end", "turn": "$other", "status": "completed"})),
-                ],
-                vec![vec![], vec![]],
-            ),
-            (
-                "tool calls are shown when asked, with their streamed arguments",
-                true,
-                vec![
-                    msg(
-                        json!({"type": "tool_call_chunk", "turn": "$t", "call_id": "c1", "name": "list_files", "arguments": "{\"a\""}),
-                    ),
-                    msg(
-                        json!({"type": "tool_call_chunk", "turn": "$t", "call_id": "c1", "name": "", "arguments": ":1}"}),
-                    ),
-                    msg(
-                        json!({"type": "tool_result", "turn": "$t", "call_id": "c1", "ok": true, "output": "3 files"}),
-                    ),
-                ],
-                vec![
-                    vec![],
-                    vec![],
-                    vec![notice(
-                        &render::tool_notice("list_files", "{\"a\":1}", true, "3 files"),
-                        Purpose::Tool,
-                    )],
-                ],
-            ),
-            (
-                "tool calls are silent by default",
-                false,
-                vec![msg(
-                    json!({"type": "tool_result", "turn": "$t", "call_id": "c1", "ok": true, "output": "x"}),
-                )],
-                vec![vec![]],
-            ),
-            (
-                "quiet agent: what was said is posted, then the timeout notice",
-                false,
-                vec![text("half"), Input::Quiet],
-                vec![
-                    vec![Step::Progress],
-                    vec![
-                        answer("half"),
-                        notice(TIMEOUT_NOTICE, Purpose::TurnTimeout),
-                        Step::Finish(Outcome::Timeout),
-                    ],
-                ],
-            ),
-            (
-                "a duplicate ack means the agent had the turn: recover, once",
-                false,
-                vec![
-                    msg(json!({"type": "ack", "seq": 3, "duplicate": true})),
-                    Input::Connected { last_seq: 3 },
-                    Input::Quiet,
-                ],
-                vec![
-                    vec![Step::Recover],
-                    vec![],
-                    vec![
-                        notice(LOST_NOTICE, Purpose::TurnLost),
-                        Step::Finish(Outcome::Lost),
-                    ],
-                ],
-            ),
-            (
-                "a reconnect that does not cover the turn changes nothing",
-                false,
-                vec![Input::Connected { last_seq: 2 }, Input::Disconnected],
-                vec![vec![], vec![]],
-            ),
-            (
-                "a turn run again after the link was down is not said twice",
-                false,
-                vec![
-                    msg(json!({"type": "ack", "seq": 3, "duplicate": false})),
-                    text("Once upon "),
-                    Input::Disconnected,
-                    Input::Connected { last_seq: 3 },
-                    text("Once upon a time."),
-                    end("completed"),
-                ],
-                vec![
-                    vec![],
-                    vec![Step::Progress],
-                    vec![],
-                    vec![Step::Recover],
-                    vec![Step::Resume, Step::Progress],
-                    vec![answer("Once upon a time."), Step::Finish(Outcome::Ended)],
-                ],
-            ),
-            (
-                "news about the turn ends recovery",
-                false,
-                vec![
-                    Input::Connected { last_seq: 5 },
-                    text("again"),
-                    end("completed"),
-                ],
-                vec![
-                    vec![Step::Recover],
-                    vec![Step::Resume, Step::Progress],
-                    vec![answer("again"), Step::Finish(Outcome::Ended)],
-                ],
-            ),
-            (
-                "an ack of another seq, or a fresh ack, is not news",
-                false,
-                vec![
-                    msg(json!({"type": "ack", "seq": 2, "duplicate": true})),
-                    msg(json!({"type": "ack", "seq": 3, "duplicate": false})),
-                ],
-                vec![vec![], vec![]],
-            ),
-            (
-                "an agent that never takes the turn: the room is told once, the turn waits",
-                false,
-                vec![Input::Quiet, Input::Quiet, Input::Connected { last_seq: 2 }],
-                vec![vec![unreachable()], vec![], vec![]],
-            ),
-            (
-                "when the agent takes the turn after an outage, the answer comes as usual",
-                false,
-                vec![Input::Quiet, ack(3, false), text("hi"), end("completed")],
-                vec![
-                    vec![unreachable()],
-                    vec![],
-                    vec![Step::Progress],
-                    vec![answer("hi"), Step::Finish(Outcome::Ended)],
-                ],
-            ),
-            (
-                "a link lost mid-turn is an outage too; its return covers the turn: recover",
-                false,
-                vec![
-                    text("half"),
-                    Input::Disconnected,
-                    Input::Quiet,
-                    Input::Connected { last_seq: 3 },
-                    Input::Quiet,
-                ],
-                vec![
-                    vec![Step::Progress],
-                    vec![],
-                    vec![unreachable()],
-                    vec![Step::Recover],
-                    vec![
-                        answer("half"),
-                        notice(LOST_NOTICE, Purpose::TurnLost),
-                        Step::Finish(Outcome::Lost),
-                    ],
-                ],
-            ),
-            (
-                "recovery is extended by a reconnect after a drop, not by one without",
-                false,
-                vec![
-                    ack(3, true),
-                    Input::Connected { last_seq: 3 },
-                    Input::Disconnected,
-                    Input::Connected { last_seq: 3 },
-                ],
-                vec![vec![Step::Recover], vec![], vec![], vec![Step::Recover]],
-            ),
-            (
-                "shutdown leaves the turn open",
-                false,
-                vec![text("x"), Input::Stop],
-                vec![
-                    vec![Step::Progress],
-                    vec![Step::Finish(Outcome::Interrupted)],
-                ],
-            ),
-            (
-                "agent errors are reported",
-                false,
-                vec![msg(
-                    json!({"type": "error", "code": "bad_message", "message": "nope"}),
-                )],
-                vec![vec![Step::AgentError("BadMessage: nope".into())]],
-            ),
-        ];
-        for (name, show, inputs, expected) in cases {
-            assert_eq!(run(show, inputs), expected, "{name}");
-        }
-        assert!(Outcome::Ended.is_final() && Outcome::Lost.is_final());
-        assert!(!Outcome::Interrupted.is_final());
-    }
-}
+mod tests;

@@ -105,6 +105,7 @@ fn welcome(last_seq: u64, surface_ok: bool, agent_nonce: &str) -> ToSurface {
                 nonce: agent_nonce.into(),
             }),
         },
+        models: vec![],
     })
 }
 
@@ -139,6 +140,7 @@ fn store_turn(journal: &Journal, chat: &ChatId, id: &str) -> u64 {
         attachment_info: Default::default(),
         context: vec![],
         timestamp_ms: 1,
+        settings: None,
     };
     journal.create_turn(chat, msg, &[]).unwrap().seq
 }
@@ -192,7 +194,7 @@ async fn handshake_resend_after_reconnect_and_acks() {
         seqs.push(m.seq);
     }
     assert_eq!(seqs, vec![1, 2, 3]);
-    journal.finish_turn(&chat, 1).unwrap();
+    journal.finish_turn(&chat, 1, "ended").unwrap();
     send(
         &mut ws,
         ToSurface::Ack(Ack {
@@ -206,7 +208,7 @@ async fn handshake_resend_after_reconnect_and_acks() {
         LinkEvent::Message(ToSurface::Ack(Ack { seq: 2, .. }))
     ));
     assert!(journal.is_acked(&chat, 2).unwrap());
-    journal.finish_turn(&chat, 2).unwrap();
+    journal.finish_turn(&chat, 2, "ended").unwrap();
     // An answer sent while connected arrives.
     handle.send(ToAgent::Answer(protocol::Answer {
         question_id: "q".into(),

@@ -102,6 +102,7 @@ fn welcome(workspace: &Path) -> ToSurface {
                 nonce: AGENT_NONCE.into(),
             }),
         },
+        models: vec![],
     })
 }
 

@@ -155,6 +155,7 @@ mod tests {
             sent_files: vec![],
             error: None,
             perceived: Default::default(),
+            settings: None,
         }
     }
 
