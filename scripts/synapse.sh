@@ -77,6 +77,8 @@ enable_authenticated_media: true
 max_upload_size: ${SYNAPSE_MAX_UPLOAD_SIZE:-512M}
 url_preview_enabled: false
 presence: {enabled: false}
+# MSC4140 delayed events: the surface's "I was interrupted" notice (SURFACE_INTERRUPTED_NOTICE).
+max_event_delay_duration: 24h
 rc_message: ${SYNAPSE_RC_MESSAGE:-$fast}
 rc_registration: $fast
 rc_login:

@@ -81,6 +81,8 @@ def main():
         "rc_joins": {"local": generous, "remote": generous},
         "rc_invites": {"per_room": generous, "per_user": generous, "per_issuer": generous},
         "rc_media_create": generous,
+        # MSC4140 delayed events: the surface's "I was interrupted" notice.
+        "max_event_delay_duration": "24h",
     }
     log_config = {
         "version": 1,

@@ -24,6 +24,11 @@ pub enum Change {
     Mode(bool),
     /// `!set streaming on|off`.
     Streaming(bool),
+    /// `!set queue each|collect`: messages sent while an answer is written are answered each
+    /// in turn, or collected into one next turn.
+    Collect(bool),
+    /// `!set approvers requester|moderators`: who may decide an approval prompt.
+    ModeratorsApprove(bool),
     /// `!reset`: back to the operator's defaults.
     Reset,
 }
@@ -50,7 +55,7 @@ pub enum Command {
 }
 
 /// Every command with one line on what it does, in the order `!help` lists them.
-pub const COMMANDS: [(&str, &str); 10] = [
+pub const COMMANDS: [(&str, &str); 12] = [
     (
         "!stop",
         "stop the answer being written (also: react ⏹️ to it, or delete your message)",
@@ -71,6 +76,15 @@ pub const COMMANDS: [(&str, &str); 10] = [
     (
         "!set streaming on|off",
         "show answers while they are written, or only when done (moderators)",
+    ),
+    (
+        "!set approvers requester|moderators",
+        "who may decide an approval prompt: whoever asked, or also a moderator (moderators)",
+    ),
+    (
+        "!set queue each|collect",
+        "messages sent while an answer is written: answered each in turn, or collected into one \
+         next answer (moderators)",
     ),
     (
         "!mode all",
@@ -132,6 +146,16 @@ fn set(arg: &str) -> Option<Change> {
             Some(Change::Tool(name.to_owned(), policy))
         }
         "mode" => mode(value).map(Change::Mode),
+        "approvers" => match value.to_lowercase().as_str() {
+            "requester" => Some(Change::ModeratorsApprove(false)),
+            "moderators" => Some(Change::ModeratorsApprove(true)),
+            _ => None,
+        },
+        "queue" => match value.to_lowercase().as_str() {
+            "each" => Some(Change::Collect(false)),
+            "collect" => Some(Change::Collect(true)),
+            _ => None,
+        },
         "streaming" => match value.to_lowercase().as_str() {
             "on" | "true" | "yes" => Some(Change::Streaming(true)),
             "off" | "false" | "no" => Some(Change::Streaming(false)),
@@ -185,7 +209,8 @@ pub fn descriptions() -> Vec<(&'static str, Value)> {
                 "parameters": [
                     {"key": "setting", "schema": {"schema_type": "union", "variants": [
                         literal("model"), literal("instructions"), literal("tool"),
-                        literal("mode"), literal("streaming")]}},
+                        literal("mode"), literal("streaming"), literal("queue"),
+                        literal("approvers")]}},
                     {"key": "value", "schema": {"schema_type": "primitive", "type": "string"}}],
                 "fi.mau.tail_parameter": "value",
                 "description": text("Change a setting of this room (moderators)")}),
@@ -282,6 +307,15 @@ mod tests {
                 Some(Command::Set(Change::Streaming(false))),
             ),
             ("!set mode all", Some(Command::Set(Change::Mode(true)))),
+            (
+                "!set queue collect",
+                Some(Command::Set(Change::Collect(true))),
+            ),
+            (
+                "!set approvers Moderators",
+                Some(Command::Set(Change::ModeratorsApprove(true))),
+            ),
+            ("!set queue sometimes", Some(Command::SetUsage)),
             ("!set colour blue", Some(Command::SetUsage)),
             ("!set", Some(Command::SetUsage)),
         ];

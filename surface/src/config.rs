@@ -76,6 +76,9 @@ pub struct Config {
     /// `SURFACE_OFFLINE_NOTICE`: when messages waited longer than this for a surface that was
     /// down, the room is told they are being answered now (`None`: never).
     pub offline_notice_after: Option<Duration>,
+    /// `SURFACE_INTERRUPTED_NOTICE`: while a turn runs, the homeserver holds a notice it posts
+    /// this long after the surface last said it is alive (MSC4140; `None`: off).
+    pub interrupted_notice: Option<Duration>,
     /// `SURFACE_AGENT_DOWN_NOTICE`: when a turn cannot reach the agent for this long, the room
     /// is told once per outage that its message is saved (`None`: never).
     pub agent_down_notice: Option<Duration>,
@@ -197,6 +200,12 @@ impl Config {
         let health_bind = p.take(health_bind(get("SURFACE_HEALTH_BIND")));
         let inbox_retention = p.take(inbox_retention(get("SURFACE_INBOX_RETENTION")));
         let offline_notice_after = p.take(offline_notice(get("SURFACE_OFFLINE_NOTICE")));
+        let interrupted_notice = p.take(off_or_duration(
+            "SURFACE_INTERRUPTED_NOTICE",
+            get("SURFACE_INTERRUPTED_NOTICE"),
+            Duration::from_secs(180),
+            "3m or off",
+        ));
         let agent_down_notice = p.take(agent_down_notice(get("SURFACE_AGENT_DOWN_NOTICE")));
         let threads_need_mention = p.take(threads_need_mention(get("SURFACE_THREADS")));
         let approvals_need_verified = p.take(approvals_need_verified(get("SURFACE_APPROVALS")));
@@ -229,6 +238,7 @@ impl Config {
                 health_bind: health_bind?,
                 inbox_retention: inbox_retention?,
                 offline_notice_after: offline_notice_after?,
+                interrupted_notice: interrupted_notice?,
                 agent_down_notice: agent_down_notice?,
                 threads_need_mention: threads_need_mention?,
                 approvals_need_verified: approvals_need_verified?,
@@ -729,6 +739,7 @@ mod tests {
         assert_eq!(c.health_bind, "127.0.0.1:8701".parse().unwrap());
         assert_eq!(c.inbox_retention, None);
         assert_eq!(c.offline_notice_after, Some(Duration::from_secs(120)));
+        assert_eq!(c.interrupted_notice, Some(Duration::from_secs(180)));
         assert_eq!(c.agent_down_notice, Some(Duration::from_secs(15)));
         assert!(!c.threads_need_mention);
         assert!(!c.approvals_need_verified);

@@ -107,6 +107,9 @@ pub struct Shared {
     pub bot_loops: BotLoops,
     /// Senders' display names per room.
     pub member_names: crate::members::MemberNames,
+    /// The longest delay of a delayed event the homeserver offers (MSC4140; `None`: none), asked
+    /// once by [`crate::delayed`].
+    pub delayed_events: tokio::sync::OnceCell<Option<std::time::Duration>>,
     /// Cancelled on SIGINT/SIGTERM.
     pub shutdown: CancellationToken,
     /// Every background task, awaited at shutdown.

@@ -309,14 +309,20 @@ fn in_thread(f: &Facts<'_>) -> bool {
 /// `yes` / `no` / `always` (and a few synonyms). Anything else is a refusal: consent must be
 /// explicit.
 pub fn parse_approval(body: &str) -> ApprovalChoice {
+    explicit_approval(body).unwrap_or(ApprovalChoice::Deny)
+}
+
+/// The decision `body` spells out (`yes`, `always`, `no` and synonyms), if it is one.
+pub fn explicit_approval(body: &str) -> Option<ApprovalChoice> {
     let word = strip_reply_fallback(body)
         .trim()
         .trim_end_matches(['.', '!'])
         .to_lowercase();
     match word.as_str() {
-        "yes" | "y" | "ok" | "allow" | "approve" | "approved" => ApprovalChoice::AllowOnce,
-        "always" | "yes always" | "always allow" => ApprovalChoice::AllowAlways,
-        _ => ApprovalChoice::Deny,
+        "yes" | "y" | "ok" | "allow" | "approve" | "approved" => Some(ApprovalChoice::AllowOnce),
+        "always" | "yes always" | "always allow" => Some(ApprovalChoice::AllowAlways),
+        "no" | "n" | "deny" | "denied" | "reject" => Some(ApprovalChoice::Deny),
+        _ => None,
     }
 }
 

@@ -7,6 +7,7 @@
 //!
 //! Decide, then do: [`probe`] gathers observations, [`findings`] (pure) judges them.
 
+mod delayed;
 mod findings;
 mod probe;
 

@@ -37,6 +37,8 @@ pub struct RoomFacts {
     pub allowed: bool,
     /// Its moderators set the bot to answer every message.
     pub every_message: bool,
+    /// Its settings let moderators decide approval prompts too.
+    pub moderators_approve: bool,
     /// Encryption is on.
     pub encrypted: bool,
 }
@@ -68,6 +70,7 @@ impl RoomFacts {
                     .unwrap_or(false)
             }),
             encrypted: room.encryption_state().is_encrypted(),
+            moderators_approve: settings.moderators_approve == Some(true),
         }
     }
 }

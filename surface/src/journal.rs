@@ -11,6 +11,7 @@
 //! prepared and waiting for the next trigger), `sent` (part of a stored turn not finished yet),
 //! `handled`.
 
+mod delayed;
 mod edits;
 mod feed;
 mod inspect;
@@ -226,6 +227,12 @@ CREATE INDEX IF NOT EXISTS sends_thread ON sends(thread_root);
 CREATE TABLE IF NOT EXISTS room_settings(
     room_id TEXT PRIMARY KEY,
     every_message INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS delayed_notices(
+    turn TEXT PRIMARY KEY,
+    room_id TEXT NOT NULL,
+    delay_id TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
 );
 "#;
 
@@ -519,6 +526,16 @@ impl Journal {
             .conn()
             .query_row(&sql, params![chat.as_str(), ord], Self::row_to_event)
             .optional()?)
+    }
+
+    /// Whether a message of `chat` that starts a turn waits after arrival order `ord`.
+    pub fn trigger_waits_after(&self, chat: &ChatId, ord: i64) -> Result<bool> {
+        Ok(self.conn().query_row(
+            "SELECT EXISTS(SELECT 1 FROM events WHERE chat_id = ?1 AND ord > ?2 \
+             AND disposition = 'trigger' AND state IN ('pending', 'waiting'))",
+            params![chat.as_str(), ord],
+            |r| r.get::<_, bool>(0),
+        )?)
     }
 
     /// How many events of `chat` wait for its lane.

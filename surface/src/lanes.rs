@@ -192,10 +192,19 @@ impl Lane {
         if let Err(e) = self.ctx.workspace.create_dir_all(&outbox) {
             warn!(error = %e, "could not create the outbox folder");
         }
+        // With the room's `queue: collect`, a message that another one of the chat waits behind
+        // is not answered on its own: the last one takes it along as context.
+        let disposition = match ev.disposition {
+            Disposition::Trigger if self.collected(ord).await => {
+                info!("collected into the next turn (queue: collect)");
+                Disposition::Context
+            }
+            d => d,
+        };
         // A message that starts a turn: the user waits from now, while its file downloads too
         // (minutes, for a large one from a slow server), so progress shows from now. Dropped
         // unused when no turn comes of it, which takes a typing notice down.
-        let progress = match ev.disposition {
+        let progress = match disposition {
             Disposition::Trigger => Some(self.start_progress(ev.event_id.clone())),
             _ => None,
         };
@@ -206,7 +215,7 @@ impl Lane {
         };
         let journal = &self.ctx.journal;
         let nothing_left = prepared.text.trim().is_empty() && prepared.attachments.is_empty();
-        let result = match ev.disposition {
+        let result = match disposition {
             Disposition::Context if nothing_left => journal.mark_handled(ev.event_id.as_str()),
             Disposition::Context => journal.set_context_ready(
                 ev.event_id.as_str(),
@@ -301,6 +310,17 @@ impl Lane {
         self.link.turns_stored();
         self.run_turn(msg, progress).await;
         Ok(())
+    }
+
+    /// Whether the trigger at `ord` is collected into a later one (the room's `queue: collect`,
+    /// and a later trigger of the chat waits).
+    async fn collected(&self, ord: i64) -> bool {
+        let later = self
+            .ctx
+            .journal
+            .trigger_waits_after(&self.chat.chat_id, ord)
+            .unwrap_or(false);
+        later && crate::room_settings::read(&self.room).await.0.collect == Some(true)
     }
 
     fn target_for(&self, event_id: &str, thread_root: Option<&str>) -> Option<ReplyTarget> {

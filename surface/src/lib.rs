@@ -53,6 +53,7 @@ pub mod config;
 pub mod connection;
 pub mod context;
 pub mod decide;
+pub mod delayed;
 pub mod doctor;
 pub mod event;
 pub mod filename;
@@ -194,6 +195,7 @@ pub async fn run_with(
         joining: Default::default(),
         bot_loops: Default::default(),
         member_names: Default::default(),
+        delayed_events: Default::default(),
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         bot_display_name: RwLock::new(display_name),

@@ -65,6 +65,8 @@ pub enum Purpose {
     Intro,
     /// The answer to `!settings`, `!set` or `!reset`.
     Settings,
+    /// The homeserver's "I was interrupted" notice, edited once the bot is back.
+    Interrupted,
     /// Content the bot cannot read yet (a sticker, a location, a poll).
     Unsupported,
     /// An unencrypted event in an encrypted room.
@@ -116,6 +118,7 @@ impl Purpose {
             Self::Help => "help",
             Self::Intro => "intro",
             Self::Settings => "settings",
+            Self::Interrupted => "interrupted",
             Self::Unsupported => "unsupported",
             Self::Plaintext => "plaintext",
             Self::Offline => "offline",

@@ -35,6 +35,11 @@ pub struct RoomSettings {
     pub every_message: Option<bool>,
     /// Show answers while they are written.
     pub streaming: Option<bool>,
+    /// Messages sent while an answer is written are collected into one next turn (`true`), or
+    /// each answered in turn (the default).
+    pub collect: Option<bool>,
+    /// Moderators may decide approval prompts too (`true`), or only whoever asked (default).
+    pub moderators_approve: Option<bool>,
 }
 
 impl RoomSettings {
@@ -84,6 +89,18 @@ impl RoomSettings {
             Some(Value::Bool(b)) => s.streaming = Some(*b),
             Some(_) => bad("streaming"),
         }
+        match map.get("approvers") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(a)) if a == "requester" => s.moderators_approve = Some(false),
+            Some(Value::String(a)) if a == "moderators" => s.moderators_approve = Some(true),
+            Some(_) => bad("approvers"),
+        }
+        match map.get("queue") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(q)) if q == "each" => s.collect = Some(false),
+            Some(Value::String(q)) if q == "collect" => s.collect = Some(true),
+            Some(_) => bad("queue"),
+        }
         (s, problems)
     }
 
@@ -105,6 +122,18 @@ impl RoomSettings {
         if let Some(on) = self.streaming {
             map.insert("streaming".into(), json!(on));
         }
+        if let Some(m) = self.moderators_approve {
+            map.insert(
+                "approvers".into(),
+                json!(if m { "moderators" } else { "requester" }),
+            );
+        }
+        if let Some(collect) = self.collect {
+            map.insert(
+                "queue".into(),
+                json!(if collect { "collect" } else { "each" }),
+            );
+        }
         Value::Object(map)
     }
 
@@ -121,6 +150,8 @@ impl RoomSettings {
             }
             Change::Mode(all) => s.every_message = Some(*all),
             Change::Streaming(on) => s.streaming = Some(*on),
+            Change::Collect(on) => s.collect = Some(*on),
+            Change::ModeratorsApprove(on) => s.moderators_approve = Some(*on),
             Change::Reset => s = Self::default(),
         }
         s
@@ -160,6 +191,20 @@ impl RoomSettings {
                     _ => "on",
                 }
             ),
+            format!(
+                "- who may approve: {}",
+                match self.moderators_approve {
+                    Some(true) => "whoever asked, or a moderator",
+                    _ => "whoever asked",
+                }
+            ),
+            format!(
+                "- messages sent while an answer is written: {}",
+                match self.collect {
+                    Some(true) => "collected into one next answer",
+                    _ => "answered each in turn",
+                }
+            ),
         ];
         match &self.instructions {
             Some(i) => lines.push(format!("- instructions: {}", quote(i))),
@@ -170,7 +215,7 @@ impl RoomSettings {
         }
         lines.push(String::new());
         lines.push(format!(
-            "Change them with `!set model|instructions|tool|mode|streaming …` or `!reset` \
+            "Change them with `!set model|instructions|tool|mode|streaming|queue|approvers …` or `!reset` \
              (moderators), or edit the `{EVENT_TYPE}` state event."
         ));
         lines.join("\n")
@@ -236,13 +281,16 @@ mod tests {
             (
                 "everything",
                 json!({"model": "m1", "instructions": "Be brief.", "tools": {"write_file": "ask"},
-                       "mode": "all", "streaming": false}),
+                       "mode": "all", "streaming": false, "queue": "collect",
+                       "approvers": "moderators"}),
                 RoomSettings {
                     model: Some("m1".into()),
                     instructions: Some("Be brief.".into()),
                     tools: BTreeMap::from([("write_file".into(), ToolPolicy::Ask)]),
                     every_message: Some(true),
                     streaming: Some(false),
+                    collect: Some(true),
+                    moderators_approve: Some(true),
                 },
                 vec![],
             ),

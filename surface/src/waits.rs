@@ -83,6 +83,26 @@ impl Waits {
             .map(Wait::waiting)
     }
 
+    /// An approval a moderator may decide for its requester (the room's `approvers:
+    /// moderators`): the one whose prompt is `prompt_event` (a reaction on it), or the one of the
+    /// turn answering `thread_root` in `room_id` (a reply in its thread).
+    pub fn approval_for_moderator(
+        &self,
+        room_id: &str,
+        prompt_event: Option<&str>,
+        thread_root: Option<&str>,
+    ) -> Option<Waiting> {
+        self.lock()
+            .waits
+            .iter()
+            .filter(|w| w.room_id == room_id && w.approval.is_some())
+            .find(|w| match prompt_event {
+                Some(p) => w.prompt_event.as_deref() == Some(p),
+                None => thread_root == Some(w.turn.as_str()),
+            })
+            .map(Wait::waiting)
+    }
+
     /// Records the event id of the posted prompt of wait `id`.
     pub fn set_prompt_event(&self, id: &str, prompt_event: &str) {
         if let Some(w) = self.lock().waits.iter_mut().find(|w| w.id == id) {

@@ -40,7 +40,7 @@ const SURFACE: &[&[&str]] = &[
     &["waits"],
     &["context"],
     &["doctor", "send"],
-    &["announce", "prompts"],
+    &["announce", "delayed", "prompts"],
     &["lanes"],
     &["ingest", "mcp", "outbound"],
     &["undecrypted"],

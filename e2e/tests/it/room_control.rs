@@ -407,7 +407,13 @@ async fn moderators_set_the_rooms_model_instructions_and_tools_and_nobody_else_d
         .await;
     g.answer(&loose, "the tool set", |m| m.body.contains("never looser"))
         .await;
-    let danger = g.mention(&g.alice, "do the dangerous thing").await;
+    // With `approvers: moderators`, Alice decides the prompt Bob's message brought.
+    let approvers = g.mention(&g.alice, "!set approvers moderators").await;
+    g.answer(&approvers, "the approvers set", |m| {
+        m.body.contains("Moderators may decide")
+    })
+    .await;
+    let danger = g.mention(&g.bob, "do the dangerous thing").await;
     g.answer(&danger, "a prompt for dangerous_action", |m| {
         m.body.contains("Approval needed")
     })
@@ -434,5 +440,118 @@ async fn moderators_set_the_rooms_model_instructions_and_tools_and_nobody_else_d
     println!(
         "room settings: models_requested={:?}",
         model.models.lock().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_homeserver_tells_the_room_when_the_surface_dies_mid_answer_and_queued_messages_collect()
+ {
+    let hs = Homeserver::from_env();
+    let mut opts = StackOptions::default();
+    opts.surface_env
+        .insert("SURFACE_INTERRUPTED_NOTICE".into(), "6s".into());
+    let mut stack = Stack::start(&hs, opts).await.expect("stack");
+    let bot = stack.bot.user_id.clone();
+    let user = E2eeUser::register(&hs, "held").await.expect("user");
+    let room = user.create_encrypted_dm(&bot).await.expect("DM");
+    user.wait_joined(&room, &bot, TURN).await.expect("join");
+    let bot_messages = || async { user.messages_from(&room, &bot).await.unwrap_or_default() };
+
+    // A 30 s answer; the surface dies once the homeserver holds the notice (after 3 s).
+    let slow = user.send_text(&room, "sleep 30000").await.expect("send");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stack.surface.kill9().await;
+    let killed = Instant::now();
+    let notice = user
+        .wait_for(TURN, "the homeserver's notice", || async {
+            bot_messages().await.into_iter().find(|m| {
+                m.thread_root.as_deref() == Some(slow.as_str()) && m.body.contains("interrupted")
+            })
+        })
+        .await
+        .expect("notice");
+    let posted_after = killed.elapsed();
+    assert_eq!(notice.msgtype, "m.notice");
+    assert_eq!(notice.content["org.mxbridge.interrupted"], slow.as_str());
+
+    // Back: the answer comes, and the notice says the bot is back.
+    stack.surface.start().unwrap();
+    user.wait_for(TURN, "the answer", || async {
+        bot_messages().await.into_iter().find(|m| {
+            m.thread_root.as_deref() == Some(slow.as_str()) && m.body.contains("Slept 30000 ms")
+        })
+    })
+    .await
+    .expect("answer");
+    user.wait_for(TURN, "the notice edited", || async {
+        bot_messages().await.into_iter().find(|m| {
+            m.replaces.as_deref() == Some(notice.event_id.as_str())
+                && m.new_body
+                    .as_deref()
+                    .is_some_and(|b| b.contains("I am back"))
+        })
+    })
+    .await
+    .expect("edited");
+    let notices = bot_messages()
+        .await
+        .into_iter()
+        .filter(|m| m.body.contains("interrupted") && m.replaces.is_none())
+        .count();
+    assert_eq!(notices, 1, "one notice");
+    println!(
+        "interrupted notice: posted_after_kill_ms={} (delay 6s, restarted every 2s)",
+        posted_after.as_millis()
+    );
+
+    // `queue: collect` (set from the encrypted DM): three messages sent during a slow answer
+    // become one next turn, the last with the two before it as context.
+    let set = user
+        .send_text(&room, "!set queue collect")
+        .await
+        .expect("send");
+    user.wait_for(TURN, "the setting", || async {
+        bot_messages().await.into_iter().find(|m| {
+            m.thread_root.as_deref() == Some(set.as_str()) && m.body.contains("collected")
+        })
+    })
+    .await
+    .expect("set");
+    let busy = user.send_text(&room, "sleep 4000").await.expect("send");
+    let mut sent = Vec::new();
+    for text in ["one", "two", "three"] {
+        sent.push(user.send_text(&room, text).await.expect("send"));
+    }
+    user.wait_for(TURN, "the collected answer", || async {
+        bot_messages()
+            .await
+            .into_iter()
+            .find(|m| m.thread_root.as_deref() == Some(sent[2].as_str()))
+    })
+    .await
+    .expect("answer");
+    let turn = stack
+        .agent_turn(&sent[2])
+        .expect("the agent stored the turn");
+    let context: Vec<&str> = turn["context"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .collect();
+    assert_eq!(context, ["one", "two"], "{turn}");
+    assert!(stack.agent_turn(&sent[0]).is_none() && stack.agent_turn(&sent[1]).is_none());
+    assert!(stack.agent_turn(&busy).is_some());
+    let answered_alone = bot_messages()
+        .await
+        .into_iter()
+        .filter(|m| {
+            m.thread_root.as_deref() == Some(sent[0].as_str())
+                || m.thread_root.as_deref() == Some(sent[1].as_str())
+        })
+        .count();
+    assert_eq!(
+        answered_alone, 0,
+        "collected messages get no answer of their own"
     );
 }

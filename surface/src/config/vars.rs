@@ -94,6 +94,11 @@ pub const VARS: &[Var] = &[
         "delete inbox files older than this",
     ),
     Var::new(
+        "SURFACE_INTERRUPTED_NOTICE",
+        "3m",
+        "the homeserver tells the room if the surface dies mid-answer (MSC4140), after this, or off",
+    ),
+    Var::new(
         "SURFACE_OFFLINE_NOTICE",
         "2m",
         "announce missed messages after a longer downtime, or off",

@@ -77,6 +77,8 @@ pub struct Observations {
     pub mcp: Option<Result<u16, String>>,
     /// The journal: (unhandled, waiting for keys, parked), or why it cannot be read.
     pub journal: Result<Option<(u64, u64, u64)>, String>,
+    /// The longest delay of a delayed event (MSC4140; `Ok(None)`: none offered), when logged in.
+    pub delayed_events: Option<Result<Option<std::time::Duration>, String>>,
     /// The room asked about.
     pub room: Option<RoomObservation>,
 }
@@ -92,10 +94,55 @@ pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
     out.push(surface(config, o));
     out.extend(mcp(config, o));
     out.push(journal(o));
+    out.extend(interrupted(config, o));
     if let Some(room) = &o.room {
         out.extend(room_findings(config, o, room));
     }
     out
+}
+
+/// The `interrupted` line (none when not logged in: nothing could be asked).
+fn interrupted(config: &Config, o: &Observations) -> Option<Finding> {
+    let check = "interrupted";
+    let Some(delay) = config.interrupted_notice else {
+        return Some(Finding::new(
+            Level::Ok,
+            check,
+            "off (SURFACE_INTERRUPTED_NOTICE=off): a room hears nothing if the surface dies \
+             mid-answer",
+        ));
+    };
+    Some(match o.delayed_events.as_ref()? {
+        Ok(Some(max)) if delay <= *max => Finding::new(
+            Level::Ok,
+            check,
+            format!(
+                "the homeserver holds a notice for each running answer and posts it if the \
+                 surface is silent for {} (MSC4140)",
+                humantime::format_duration(delay)
+            ),
+        ),
+        Ok(Some(max)) => Finding::new(
+            Level::Warn,
+            check,
+            format!(
+                "SURFACE_INTERRUPTED_NOTICE is {}, the homeserver allows at most {}: that is used",
+                humantime::format_duration(delay),
+                humantime::format_duration(*max)
+            ),
+        ),
+        Ok(None) => Finding::new(
+            Level::Warn,
+            check,
+            "the homeserver offers no delayed events (MSC4140), so a room hears nothing if the \
+             surface dies mid-answer (Synapse: set max_event_delay_duration, e.g. 24h)",
+        ),
+        Err(e) => Finding::new(
+            Level::Warn,
+            check,
+            format!("could not ask the homeserver about delayed events: {e}"),
+        ),
+    })
 }
 
 fn configured(config: &Config) -> Finding {
@@ -565,6 +612,7 @@ mod tests {
             surface: Ok("{}".into()),
             mcp: None,
             journal: Ok(Some((0, 0, 0))),
+            delayed_events: Some(Ok(Some(std::time::Duration::from_secs(86_400)))),
             room: Some(RoomObservation {
                 room_id: "!dm:hs".into(),
                 joined: true,
@@ -700,6 +748,20 @@ mod tests {
             assert!(text.contains(words), "case {i}: {text}");
             assert_eq!(exit_code(&fs), u8::from(*level == Level::Fail), "case {i}");
         }
+    }
+
+    #[test]
+    fn the_interrupted_notice_needs_delayed_events() {
+        let mut o = healthy();
+        let on = config(&[]);
+        assert!(find(&findings(&on, &o), Level::Ok, "interrupted").is_some());
+        o.delayed_events = Some(Ok(None));
+        let line = find(&findings(&on, &o), Level::Warn, "interrupted").expect("warn line");
+        assert!(line.contains("max_event_delay_duration"), "{line}");
+        let off = config(&[("SURFACE_INTERRUPTED_NOTICE", "off")]);
+        assert!(find(&findings(&off, &o), Level::Ok, "interrupted").is_some());
+        o.delayed_events = None;
+        assert!(find(&findings(&on, &o), Level::Ok, "interrupted").is_none());
     }
 
     #[test]

@@ -150,6 +150,14 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
             None => None,
         },
         journal: journal_counts,
+        delayed_events: match logged_in {
+            true => Some(
+                cs.get("/_matrix/client/v3/capabilities")
+                    .await
+                    .map(|c| super::delayed::max_delay(&c)),
+            ),
+            false => None,
+        },
         room,
     }
 }

@@ -38,7 +38,10 @@ pub async fn classify(
     };
     let thread_root = conversation_root(e, edit.as_ref(), redacted.as_ref());
     let chat = ChatId::for_conversation(room_id, thread_root.as_ref().map(|t| t.as_str()));
-    let decision = decide::decide(&facts_for(ctx, facts, room_id, e, &chat, edit.as_ref()));
+    let moderator_wait = moderator_wait(ctx, room, facts, e).await;
+    let mut f = facts_for(ctx, facts, room_id, e, &chat, edit.as_ref());
+    f.waiting = f.waiting.or(moderator_wait);
+    let decision = decide::decide(&f);
     let disposition = disposition_of(&decision, redacted.as_ref());
     let keep = disposition != Disposition::Skip;
     let sender_name = match keep {
@@ -62,6 +65,31 @@ pub async fn classify(
         disposition,
     };
     (row, decision)
+}
+
+/// With the room's `approvers: moderators`: the approval a moderator's reaction (on its prompt)
+/// or reply (in its thread) decides, when `e`'s sender is one.
+async fn moderator_wait(
+    ctx: &Ctx,
+    room: &Room,
+    facts: &RoomFacts,
+    e: &Inbound,
+) -> Option<decide::Waiting> {
+    if !facts.moderators_approve {
+        return None;
+    }
+    let prompt = match &e.kind {
+        Kind::Reaction { target, .. } => Some(target.as_str()),
+        // A moderator's words in the thread decide only when they are a decision.
+        _ if decide::explicit_approval(e.body()).is_none() => return None,
+        _ => None,
+    };
+    let thread = e.place.thread_root.as_ref().map(|t| t.as_str());
+    let wait = ctx
+        .waits
+        .approval_for_moderator(room.room_id().as_str(), prompt, thread)?;
+    let level = super::notices::power_level(room, &e.sender).await;
+    (level >= super::notices::MODE_POWER_LEVEL).then_some(wait)
 }
 
 /// The thread the event belongs to, as a conversation: a follow-up edit is answered under the

@@ -79,7 +79,7 @@ pub(super) async fn power_level(room: &Room, user: &matrix_sdk::ruma::UserId) ->
 }
 
 /// The power level a sender needs to change how the bot is triggered in a room (moderator).
-const MODE_POWER_LEVEL: i64 = 50;
+pub(super) const MODE_POWER_LEVEL: i64 = 50;
 
 /// `!mode`: a room moderator switches the bot between answering mentions and every message;
 /// anyone else is told who may. In the background (the power level is looked up).

@@ -38,7 +38,8 @@ pub(super) fn show(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
 /// `!set …` without a setting it understands: the usage.
 pub(super) fn usage(ctx: &Ctx, ev: &NewEvent, e: &Inbound) {
     let text = "Usage: `!set model <name>`, `!set instructions <text>`, `!set tool <name> \
-                allow|ask|deny`, `!set mode all|mentions`, `!set streaming on|off`; `!reset` \
+                allow|ask|deny`, `!set mode all|mentions`, `!set streaming on|off`, `!set queue \
+                each|collect`, `!set approvers requester|moderators`; `!reset` \
                 goes back to the defaults, `!settings` shows them."
         .to_owned();
     notices::notify_about(ctx, ev, e, text, Purpose::Settings);
@@ -145,6 +146,18 @@ fn done(change: &Change) -> String {
         }
         Change::Streaming(true) => "Answers are shown while they are written here.".into(),
         Change::Streaming(false) => "Answers are shown only when they are done here.".into(),
+        Change::Collect(true) => {
+            "Messages sent while I answer are collected into my next answer here.".into()
+        }
+        Change::ModeratorsApprove(true) => {
+            "Moderators may decide approval prompts here too.".into()
+        }
+        Change::ModeratorsApprove(false) => {
+            "Only whoever asked decides approval prompts here.".into()
+        }
+        Change::Collect(false) => {
+            "Messages sent while I answer are answered each in turn here.".into()
+        }
         Change::Reset => "This room's settings are back to the operator's defaults.".into(),
     }
 }

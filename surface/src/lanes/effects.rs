@@ -159,6 +159,7 @@ impl Lane {
             requester: msg.sender.user_id.clone(),
             live: None,
         });
+        let holding = crate::delayed::start(&self.ctx, &self.room, &turn.target, &turn.turn);
         let outcome = 'turn: loop {
             let deadline = clock.deadline(state.wait(), self.ctx.config.agent_down_notice);
             let input = self.next_input(&mut turn, deadline).await;
@@ -181,6 +182,10 @@ impl Lane {
             Outcome::Interrupted => info!("turn interrupted by shutdown; it resumes after restart"),
             Outcome::Stopped => info!("turn stopped on request"),
         }
+        let over = outcome.is_final() && !turn.interrupted;
+        holding
+            .finish(&self.ctx, &self.room, &turn.turn, over)
+            .await;
         if !outcome.is_final() {
             return;
         }
