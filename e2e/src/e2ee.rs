@@ -508,6 +508,23 @@ impl E2eeUser {
         Ok(sent.response.event_id.to_string())
     }
 
+    /// Edits `event` to say `text`, as Element does (`m.replace` with `m.new_content`), and
+    /// returns the edit's event id.
+    pub async fn edit(&self, room: &str, event: &str, text: &str) -> Result<String> {
+        let content = RoomMessageEventContent::text_plain(text).make_replacement(
+            matrix_sdk::ruma::events::room::message::ReplacementMetadata::new(
+                EventId::parse(event)?,
+                None,
+            ),
+        );
+        let sent = self
+            .room(room)?
+            .send(content)
+            .await
+            .with_context(|| format!("edit a message in {room}"))?;
+        Ok(sent.response.event_id.to_string())
+    }
+
     /// Sends `bytes` as an attachment (encrypted upload and event in an encrypted room) and
     /// returns the event id. The SDK picks the message type from `mime`: `image/*` → `m.image`,
     /// `audio/*` → `m.audio`, `video/*` → `m.video`, anything else → `m.file`. With a

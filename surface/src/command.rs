@@ -235,13 +235,14 @@ pub fn help_text() -> String {
     text
 }
 
-/// Whether a reaction's key means stop: ⏹️ (and 🛑), variation selectors ignored.
+/// Whether a reaction's key means stop: ⏹️ (and 🛑), and 🔁 (restart: stop, so that the
+/// edited message waiting behind is answered), variation selectors ignored.
 pub fn is_stop_reaction(key: &str) -> bool {
     let bare: String = key
         .chars()
         .filter(|c| *c != '\u{FE0F}' && *c != '\u{FE0E}')
         .collect();
-    matches!(bare.as_str(), "⏹" | "🛑")
+    matches!(bare.as_str(), "⏹" | "🛑" | "🔁")
 }
 
 #[cfg(test)]
@@ -330,6 +331,7 @@ mod tests {
             ("⏹️", true),
             ("⏹", true),
             ("🛑", true),
+            ("🔁", true),
             ("✅", false),
             ("❌", false),
             ("", false),

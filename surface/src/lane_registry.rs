@@ -22,8 +22,20 @@ pub struct Running {
     pub turn: String,
     /// Who sent that message.
     pub requester: String,
+    /// The thread that message is in, if any.
+    pub thread_root: Option<String>,
     /// The message showing the answer while it is written, once posted.
     pub live: Option<String>,
+    /// Notices offering to answer an edit of that message instead: a ⏹️ or 🔁 on one stops
+    /// the turn.
+    pub offers: Vec<String>,
+}
+
+impl Running {
+    /// The thread the answer is posted in.
+    pub fn answer_thread(&self) -> &str {
+        self.thread_root.as_deref().unwrap_or(&self.turn)
+    }
 }
 
 /// What wakes one lane, whether its current backlog was announced, the turn it runs and a
@@ -50,6 +62,14 @@ impl LaneHandle {
     pub fn live_posted(&self, event_id: &str) {
         if let Some(r) = lock(&self.running).as_mut() {
             r.live = Some(event_id.to_owned());
+        }
+    }
+
+    /// A notice `event_id` offers to answer an edit of `turn`'s message instead (a stop on it
+    /// stops the turn).
+    pub fn offered(&self, turn: &str, event_id: &str) {
+        if let Some(r) = lock(&self.running).as_mut().filter(|r| r.turn == turn) {
+            r.offers.push(event_id.to_owned());
         }
     }
 
@@ -114,6 +134,16 @@ impl Lanes {
             .collect()
     }
 
+    /// The running turn of `room_id` that `event_id` is the message, the answer or an offer of.
+    pub fn running_for(&self, room_id: &str, event_id: &str) -> Option<(Running, Arc<LaneHandle>)> {
+        let running = self.running_in(room_id);
+        let turns: Vec<Running> = running.iter().map(|(r, _)| r.clone()).collect();
+        let Pick::One(turn) = pick(&turns, StopAt::Event(event_id)) else {
+            return None;
+        };
+        running.into_iter().find(|(r, _)| r.turn == turn.turn)
+    }
+
     /// The handle of `chat`'s lane, and whether it is new (then the caller starts the lane).
     pub fn handle(&self, chat: &ChatId) -> (Arc<LaneHandle>, bool) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -165,9 +195,9 @@ pub enum Pick<'a> {
 pub fn pick<'a>(running: &'a [Running], at: StopAt<'_>) -> Pick<'a> {
     let one = |r: Option<&'a Running>| r.map_or(Pick::Nothing, Pick::One);
     match at {
-        StopAt::Event(id) => one(running
-            .iter()
-            .find(|r| r.turn == id || r.live.as_deref() == Some(id))),
+        StopAt::Event(id) => one(running.iter().find(|r| {
+            r.turn == id || r.live.as_deref() == Some(id) || r.offers.iter().any(|o| o == id)
+        })),
         StopAt::Command { chat, thread_root } => {
             if let Some(r) = running.iter().find(|r| &r.chat == chat) {
                 return Pick::One(r);
@@ -202,7 +232,9 @@ mod tests {
             room_id: "!r:hs".into(),
             turn: turn.into(),
             requester: "@a:hs".into(),
+            thread_root: None,
             live: live.map(Into::into),
+            offers: Vec::new(),
         }
     }
 
@@ -214,6 +246,9 @@ mod tests {
         let in_thread = running("thread", "$t", None);
         let both = [main.clone(), in_thread.clone()];
         let two_threads = [in_thread.clone(), running("t2", "$u", None)];
+        let mut with_offer = running("room", "$o", None);
+        with_offer.offers.push("$offer".into());
+        let offered = [with_offer];
         let cases: Vec<(&str, &[Running], StopAt<'_>, Pick<'_>)> = vec![
             (
                 "a reaction on the message being answered",
@@ -232,6 +267,12 @@ mod tests {
                 &both,
                 StopAt::Event("$x"),
                 Pick::Nothing,
+            ),
+            (
+                "a reaction on an offer to answer an edit",
+                &offered,
+                StopAt::Event("$offer"),
+                Pick::One(&offered[0]),
             ),
             (
                 "!stop in its own conversation",

@@ -23,7 +23,7 @@ pub use effects::{APPROVAL_TIMEOUT, QUESTION_TIMEOUT};
 
 use crate::agent_link::{self, LinkEvent, LinkHandle};
 use crate::context::Ctx;
-use crate::journal::{ChatRef, Disposition, JournalError, JournaledEvent, NewEvent};
+use crate::journal::{ChatRef, Disposition, JournalError, JournaledEvent, NewEvent, Stored};
 use crate::lane_registry::{LaneHandle, Running};
 use crate::purpose::Purpose;
 use crate::render::{self, ReplyTarget};
@@ -192,6 +192,14 @@ impl Lane {
         if let Err(e) = self.ctx.workspace.create_dir_all(&outbox) {
             warn!(error = %e, "could not create the outbox folder");
         }
+        // An edit of the message a turn is answering now waits for that turn (stopping it, as
+        // the room is offered, answers the edit at once).
+        if ev.disposition == Disposition::Trigger
+            && matches!(ev.content, Some(Stored::Edited { .. }))
+            && let Some(edited) = &ev.thread_root
+        {
+            self.wait_for_turn_of(edited.as_str()).await;
+        }
         // With the room's `queue: collect`, a message that another one of the chat waits behind
         // is not answered on its own: the last one takes it along as context.
         let disposition = match ev.disposition {
@@ -310,6 +318,29 @@ impl Lane {
         self.link.turns_stored();
         self.run_turn(msg, progress).await;
         Ok(())
+    }
+
+    /// Waits while a turn answering `event_id` runs (in another chat of the room).
+    async fn wait_for_turn_of(&self, event_id: &str) {
+        let room_id = self.chat.room_id.as_str();
+        let mut told = false;
+        while self
+            .ctx
+            .lanes
+            .running_for(room_id, event_id)
+            .is_some_and(|(r, _)| r.turn == event_id)
+        {
+            if !std::mem::replace(&mut told, true) {
+                info!(
+                    edited = event_id,
+                    "the edited message is being answered; the edit waits"
+                );
+            }
+            tokio::select! {
+                _ = self.ctx.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+            }
+        }
     }
 
     /// Whether the trigger at `ord` is collected into a later one (the room's `queue: collect`,

@@ -67,6 +67,8 @@ pub enum Purpose {
     Settings,
     /// The homeserver's "I was interrupted" notice, edited once the bot is back.
     Interrupted,
+    /// The offer to stop a turn whose message was edited, so the edit is answered now.
+    EditOffer,
     /// Content the bot cannot read yet (a sticker, a location, a poll).
     Unsupported,
     /// An unencrypted event in an encrypted room.
@@ -119,6 +121,7 @@ impl Purpose {
             Self::Intro => "intro",
             Self::Settings => "settings",
             Self::Interrupted => "interrupted",
+            Self::EditOffer => "edit-offer",
             Self::Unsupported => "unsupported",
             Self::Plaintext => "plaintext",
             Self::Offline => "offline",

@@ -74,7 +74,8 @@ fn processes_with(needle: &str) -> Vec<String> {
         .collect()
 }
 
-/// Zombie children of this test process (the agent runs in it).
+/// Zombie children of this test process (the agent runs in it) that were hostile agents (the
+/// script names itself `acp_hostile`: other tests' Python children are not this test's).
 fn zombies() -> Vec<String> {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc")
@@ -84,7 +85,9 @@ fn zombies() -> Vec<String> {
         .filter_map(|e| {
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
             let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-            (fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str())).then_some(stat)
+            let ours = stat.contains("(acp_hostile)");
+            (ours && fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str()))
+                .then_some(stat)
         })
         .collect()
 }

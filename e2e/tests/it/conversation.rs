@@ -14,7 +14,6 @@ use matrix_sdk::ruma::events::poll::unstable_start::{
 use matrix_sdk::ruma::events::reaction::ReactionEventContent;
 use matrix_sdk::ruma::events::relation::{Annotation, RelationType};
 use matrix_sdk::ruma::events::room::ImageInfo;
-use matrix_sdk::ruma::events::room::message::{ReplacementMetadata, RoomMessageEventContent};
 use matrix_sdk::ruma::events::sticker::StickerEventContent;
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId};
 
@@ -118,10 +117,7 @@ impl Dm {
 
     /// Edits `event` to say `text`, as Element does (`m.replace` with `m.new_content`).
     async fn edit(&self, event: &str, text: &str) {
-        let target = OwnedEventId::try_from(event).unwrap();
-        let content = RoomMessageEventContent::text_plain(text)
-            .make_replacement(ReplacementMetadata::new(target, None));
-        self.room().send(content).await.expect("edit");
+        self.user.edit(&self.room, event, text).await.expect("edit");
     }
 
     /// Sends an event of `kind` UNENCRYPTED into the encrypted DM, through the client-server

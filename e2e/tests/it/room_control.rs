@@ -85,6 +85,17 @@ async fn stop_ends_a_streamed_answer_and_a_long_answer_is_edited_at_most_fifty_t
                 text_delta("Queued answer.", Some("stop")),
             )]
         }));
+        // A story whose message is edited while it is written, then the edited one's answer.
+        s.push_back(Box::new(|_| words(60, 8, Duration::from_millis(300))));
+        s.push_back(Box::new(|r| {
+            let asked = r["messages"].to_string();
+            let text = if asked.contains("tunnels") {
+                "Edited answer: tunnels."
+            } else {
+                "Edited answer without the edit."
+            };
+            vec![(Duration::from_millis(50), text_delta(text, Some("stop")))]
+        }));
         // A long answer, written slowly: 1,800 characters over 15 s.
         s.push_back(Box::new(|_| {
             words(LONG.0, LONG.1, Duration::from_millis(100))
@@ -247,6 +258,59 @@ async fn stop_ends_a_streamed_answer_and_a_long_answer_is_edited_at_most_fifty_t
         ),
         1.0,
         "the surface's journal"
+    );
+
+    // The message being answered is edited: the edit waits, stopping is offered; `!stop`
+    // ends the first answer and the edited message is answered at once.
+    let bridges = user
+        .send_text(&room, "tell me about bridges")
+        .await
+        .expect("send");
+    let live2 = user
+        .wait_for(TURN, "the second story shown while written", || async {
+            bot_messages().await.into_iter().find(|m| {
+                m.thread_root.as_deref() == Some(bridges.as_str()) && m.replaces.is_none()
+            })
+        })
+        .await
+        .expect("live");
+    let edit = user
+        .edit(&room, &bridges, "tell me about tunnels")
+        .await
+        .expect("edit");
+    user.wait_for(TURN, "the offer", || async {
+        bot_messages().await.into_iter().find(|m| {
+            m.thread_root.as_deref() == Some(bridges.as_str())
+                && m.body.contains("You edited the message I am answering")
+        })
+    })
+    .await
+    .expect("offer");
+    user.send_in_thread(&room, &bridges, "!stop")
+        .await
+        .expect("send");
+    user.wait_for(TURN, "the second story stopped", || async {
+        let all = bot_messages().await;
+        edits_of(&all, &live2.event_id).into_iter().find(|e| {
+            e.new_body
+                .as_deref()
+                .is_some_and(|b| b.contains("Stopped."))
+        })
+    })
+    .await
+    .expect("stopped");
+    user.wait_for(TURN, "the edited message's answer", || async {
+        bot_messages().await.into_iter().find(|m| {
+            m.thread_root.as_deref() == Some(bridges.as_str())
+                && m.body.contains("Edited answer: tunnels.")
+        })
+    })
+    .await
+    .expect("edited answer");
+    let follow_up = stack.agent_turn(&edit).expect("the edit is a turn");
+    assert!(
+        follow_up["text"].to_string().contains("tunnels"),
+        "{follow_up}"
     );
 
     // A long answer: edited while written, never more than 50 times, then shown whole.

@@ -126,6 +126,10 @@ pub fn act(ctx: &Ctx, ev: &NewEvent, decision: Decision, e: &Inbound, pokes: &mu
             let delivered = decided.is_some();
             info!(event_id = %ev.event_id, request_id = %request_id, ?choice, delivered, "approval answered");
         }
+        Decision::Trigger if let Kind::Edit { target, .. } = &e.kind => {
+            stop::offer_restart(ctx, ev, target);
+            poke(ev, pokes);
+        }
         Decision::Context | Decision::Trigger | Decision::WaitForKey => {
             if let Some(chat) = &ev.chat_id {
                 debug!(event_id = %ev.event_id, chat_id = %chat, disposition = ?ev.disposition, "journaled");

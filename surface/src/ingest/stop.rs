@@ -5,7 +5,7 @@
 
 use matrix_sdk::ruma::EventId;
 use protocol::ChatId;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::notices;
 use crate::context::Ctx;
@@ -13,20 +13,67 @@ use crate::inbound::{Inbound, Kind};
 use crate::journal::NewEvent;
 use crate::lane_registry::{self, Pick, StopAt};
 use crate::purpose::Purpose;
-use crate::render;
+use crate::render::{self, ReplyTarget};
+use crate::send::{self, Outgoing};
 
-/// Whether `event_id` in `room_id` is the message a running turn answers, or its answer.
+/// Whether `event_id` in `room_id` is the message a running turn answers, its answer, or an
+/// offer to answer an edit of it instead.
 pub(super) fn runs(ctx: &Ctx, room_id: &str, event_id: &str) -> bool {
-    let running: Vec<_> = ctx
-        .lanes
-        .running_in(room_id)
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
-    matches!(
-        lane_registry::pick(&running, StopAt::Event(event_id)),
-        Pick::One(_)
-    )
+    ctx.lanes.running_for(room_id, event_id).is_some()
+}
+
+/// What the room is told when the message being answered is edited (pure).
+pub fn offer_text(encrypted: bool) -> &'static str {
+    if encrypted {
+        "✏️ You edited the message I am answering. I answer the edited version when this \
+         answer is done; to have it answered now instead, send `!stop`."
+    } else {
+        "✏️ You edited the message I am answering. I answer the edited version when this \
+         answer is done; to have it answered now instead, react 🔁 here (or send `!stop`)."
+    }
+}
+
+/// `ev` edits the message a turn is answering now: the edit waits for that turn (its lane
+/// holds it), and the room is offered to stop the turn so the edit is answered at once.
+pub(super) fn offer_restart(ctx: &Ctx, ev: &NewEvent, target: &EventId) {
+    let Some((turn, handle)) = ctx.lanes.running_for(ev.room_id.as_str(), target.as_str()) else {
+        return;
+    };
+    if turn.turn != target.as_str() {
+        return;
+    }
+    let Some(room) = ctx.client.get_room(&ev.room_id) else {
+        return;
+    };
+    let ctx2 = ctx.clone();
+    let edit_id = ev.event_id.clone();
+    ctx.tracker.spawn(async move {
+        let (Ok(root), Ok(about)) = (
+            EventId::parse(turn.answer_thread()),
+            EventId::parse(turn.turn.as_str()),
+        ) else {
+            return;
+        };
+        let target = ReplyTarget {
+            event_id: about.clone(),
+            thread_root: Some(root.clone()),
+        };
+        let encrypted = room.encryption_state().is_encrypted();
+        let txn = render::notice_txn_id(edit_id.as_str(), Purpose::EditOffer);
+        let out = Outgoing {
+            txn: &txn,
+            thread_root: Some(&root),
+            about: Some(&about),
+            purpose: Purpose::EditOffer,
+        };
+        match send::post(&ctx2, &room, target.notice(offer_text(encrypted)), out).await {
+            Ok(id) => {
+                info!(turn = %turn.turn, edit = %edit_id, offer = %id, "the message being answered was edited; the edit waits, stopping is offered");
+                handle.offered(&turn.turn, id.as_str());
+            }
+            Err(e) => warn!(error = %e, "could not post the offer to answer the edit now"),
+        }
+    });
 }
 
 /// `!stop` or a ⏹️ reaction from `ev`'s sender: stops the turn it means if the sender may,

@@ -157,7 +157,9 @@ impl Lane {
             room_id: self.chat.room_id.to_string(),
             turn: msg.id.clone(),
             requester: msg.sender.user_id.clone(),
+            thread_root: msg.thread_root.clone(),
             live: None,
+            offers: Vec::new(),
         });
         let holding = crate::delayed::start(&self.ctx, &self.room, &turn.target, &turn.turn);
         let outcome = 'turn: loop {
