@@ -68,13 +68,13 @@ pub async fn publish_commands(ctx: &Ctx, room: &Room) -> usize {
 pub fn intro_text(members: u64, bot_user_id: &str) -> String {
     if members <= 2 {
         "👋 Hi! Send me a message or a file and I answer in a thread. `!stop` stops an answer \
-         being written, `!help` lists my commands."
+         being written, `!settings` shows this room's settings, `!help` lists my commands."
             .to_owned()
     } else {
         format!(
             "👋 Hi! Mention me ({}) to talk to me; I answer in a thread, and there you can go on \
-             without mentioning me. Moderators can have me answer every message (`!mode all`); \
-             `!help` lists my commands.",
+             without mentioning me. `!settings` shows this room's settings (moderators change \
+             them, e.g. `!mode all` to have me answer every message); `!help` lists my commands.",
             render::pill(bot_user_id)
         )
     }
@@ -130,5 +130,6 @@ mod tests {
             "{group}"
         );
         assert!(group.contains("`!mode all`") && group.contains("`!help`"));
+        assert!(dm.contains("`!settings`") && group.contains("`!settings`"));
     }
 }
