@@ -7,6 +7,7 @@
 #   scripts/synapse.sh start DIR PORT   # config + data in DIR; prints export lines for the tests
 #   scripts/synapse.sh stop DIR
 #
+# SYNAPSE_EXTRA_CONFIG (YAML lines) is appended to the config: a test's own server's settings.
 # SYNAPSE_RC_MESSAGE (a YAML flow mapping, e.g. '{per_second: 0.5, burst_count: 3}') replaces the
 # fast message rate limit, for tests that need the homeserver to answer 429.
 # SYNAPSE_MAX_UPLOAD_SIZE (e.g. `8G`, default 512M) raises the upload limit, for the benchmark's
@@ -98,6 +99,8 @@ rc_media_create: $fast
 rc_3pid_validation: $fast
 rc_room_creation: $fast
 YAML
+  # Extra settings of one test's own server (e.g. short-lived access tokens), appended.
+  [ -z "${SYNAPSE_EXTRA_CONFIG:-}" ] || printf '%s\n' "$SYNAPSE_EXTRA_CONFIG" >> "$dir/homeserver.yaml"
 }
 
 start() {

@@ -28,6 +28,8 @@ pub struct DedicatedSynapse {
     port: u16,
     /// `rc_message` of the config (`SYNAPSE_RC_MESSAGE`), again on every start.
     rc_message: Option<String>,
+    /// More config lines (`SYNAPSE_EXTRA_CONFIG`), again on every start.
+    extra: Option<String>,
     hs: Homeserver,
     running: bool,
     paused: bool,
@@ -37,11 +39,17 @@ impl DedicatedSynapse {
     /// Starts a fresh Synapse on a free port and waits until it is healthy. `rc_message`
     /// replaces the fast default message rate limit, e.g. `{per_second: 0.5, burst_count: 3}`.
     pub async fn start(rc_message: Option<&str>) -> Result<Self> {
+        Self::start_with(rc_message, None).await
+    }
+
+    /// As [`DedicatedSynapse::start`], with `extra` YAML lines appended to the config (e.g.
+    /// `refreshable_access_token_lifetime: 5s`).
+    pub async fn start_with(rc_message: Option<&str>, extra: Option<&str>) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("mxbridge-synapse-")
             .tempdir()?;
         let port = free_port();
-        let exports = run_start(dir.path(), port, rc_message).await?;
+        let exports = run_start(dir.path(), port, rc_message, extra).await?;
         let get = |k: &str| {
             exports
                 .iter()
@@ -58,6 +66,7 @@ impl DedicatedSynapse {
             dir,
             port,
             rc_message: rc_message.map(str::to_owned),
+            extra: extra.map(str::to_owned),
             hs,
             running: true,
             paused: false,
@@ -95,7 +104,13 @@ impl DedicatedSynapse {
     /// Starts the stopped server again on the same port with the same data and secret, and
     /// waits until it is healthy.
     pub async fn start_again(&mut self) -> Result<()> {
-        run_start(self.dir.path(), self.port, self.rc_message.as_deref()).await?;
+        run_start(
+            self.dir.path(),
+            self.port,
+            self.rc_message.as_deref(),
+            self.extra.as_deref(),
+        )
+        .await?;
         self.running = true;
         Ok(())
     }
@@ -186,6 +201,7 @@ async fn run_start(
     dir: &Path,
     port: u16,
     rc_message: Option<&str>,
+    extra: Option<&str>,
 ) -> Result<Vec<(String, String)>> {
     let mut cmd = tokio::process::Command::new(script());
     cmd.arg("start")
@@ -195,6 +211,10 @@ async fn run_start(
     match rc_message {
         Some(rc) => cmd.env("SYNAPSE_RC_MESSAGE", rc),
         None => cmd.env_remove("SYNAPSE_RC_MESSAGE"),
+    };
+    match extra {
+        Some(extra) => cmd.env("SYNAPSE_EXTRA_CONFIG", extra),
+        None => cmd.env_remove("SYNAPSE_EXTRA_CONFIG"),
     };
     let out = cmd.output().await.context("run synapse.sh start")?;
     if !out.status.success() {

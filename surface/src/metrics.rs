@@ -10,6 +10,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 /// Timeline events journaled, by `kind` (message, media, edit, reaction, encrypted, other)
 /// and `outcome` (what `decide` made of it: trigger, context, wait_for_key, ignore...).
 pub const EVENTS: &str = "mxbridge_surface_events_total";
+/// Access tokens renewed with the refresh token.
+pub const TOKEN_REFRESHES: &str = "mxbridge_surface_token_refreshes_total";
 /// Turns over, by `outcome` (`ended`, `stopped`, `timeout`, `lost`, `dropped`).
 pub const TURNS: &str = "mxbridge_surface_turns_total";
 /// Syncs that came back `limited` (a gap the surface back-filled).
@@ -81,6 +83,10 @@ fn describe() {
         "Age of the oldest unhandled event."
     );
     describe_counter!(TURNS, "Turns over, by outcome.");
+    describe_counter!(
+        TOKEN_REFRESHES,
+        "Access tokens renewed with the refresh token (each new pair saved before use)."
+    );
     describe_gauge!(UNDECRYPTABLE_WAITING, "Events waiting for their room key.");
     describe_gauge!(PARKED_SENDS, "Posts the homeserver refused for good.");
     describe_gauge!(AGENT_UP, "1 while an agent link is usable now.");
@@ -90,6 +96,11 @@ fn describe() {
 /// Records one event's fate.
 pub fn event(kind: &'static str, outcome: &'static str) {
     metrics::counter!(EVENTS, "kind" => kind, "outcome" => outcome).increment(1);
+}
+
+/// Records an access token renewed with the refresh token (the pair saved).
+pub fn token_refreshed() {
+    metrics::counter!(TOKEN_REFRESHES).increment(1);
 }
 
 /// Records a turn over, by how it ended.

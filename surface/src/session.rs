@@ -1,5 +1,11 @@
 //! Logging in once and staying the same device: the `MatrixSession` is persisted (JSON,
 //! atomic write, mode 0600) next to matrix-sdk's sqlite store, and restored on every start.
+//!
+//! A password login asks for a refresh token, and the client renews an expired access token
+//! by itself (matrix-sdk's refresh handling). A refresh token is single-use, so every rotated
+//! pair is written to the session file inside matrix-sdk's refresh, before anything uses it
+//! (its synchronous save-session callback): a surface killed right after a rotation restarts
+//! with the new pair, never the spent one.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -117,6 +123,7 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
         .respect_login_well_known(false)
         .sqlite_store(&store, None)
         .with_encryption_settings(crate::trust::settings())
+        .handle_refresh_tokens()
         .build()
         .await?;
     let path = session_path(state);
@@ -156,10 +163,12 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
                 .matrix_auth()
                 .login_username(&config.user_id, password.expose())
                 .initial_device_display_name("mxbridge surface")
+                .request_refresh_token()
                 .send()
                 .await?;
             let session = MatrixSession::from(&response);
             save_session(&path, &session)?;
+            keep_rotations(&client, path)?;
             return Ok(client);
         }
     };
@@ -167,10 +176,37 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
         .matrix_auth()
         .restore_session(session.clone(), RoomLoadSettings::default())
         .await?;
-    // Fail now, with a clear message, if the token is not valid.
+    keep_rotations(&client, path.clone())?;
+    // Fail now, with a clear message, if the token is not valid (an expired one is renewed
+    // here, and the new pair is saved by then).
     client.whoami().await.map_err(matrix_sdk::Error::from)?;
-    save_session(&path, &session)?;
+    if let Some(current) = client.matrix_auth().session() {
+        save_session(&path, &current)?;
+    }
     Ok(client)
+}
+
+/// Has every token pair the client rotates to written to `path` the moment it changes, before
+/// it is used (matrix-sdk calls this inside its refresh, holding the refresh lock).
+fn keep_rotations(client: &Client, path: PathBuf) -> Result<(), SessionError> {
+    client
+        .set_session_callbacks(
+            // One process owns the session: what it holds is the latest.
+            Box::new(|client| {
+                client
+                    .session_tokens()
+                    .ok_or_else(|| "no session to reload".into())
+            }),
+            Box::new(move |client| {
+                let session = client.matrix_auth().session().ok_or("no session to save")?;
+                save_session(&path, &session)?;
+                crate::metrics::token_refreshed();
+                info!("access token renewed; the new pair is saved");
+                Ok(())
+            }),
+        )
+        .map_err(SessionError::from)?;
+    Ok(())
 }
 
 impl From<matrix_sdk::Error> for SessionError {

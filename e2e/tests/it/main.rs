@@ -34,6 +34,7 @@ mod recovery;
 mod room_control;
 mod scale_out;
 mod streaming;
+mod tokens;
 
 use std::time::Duration;
 
