@@ -6,6 +6,7 @@
 
 mod acp;
 mod agent_down;
+mod auth;
 mod cli;
 mod conversation;
 mod doctor;
@@ -34,7 +35,6 @@ mod recovery;
 mod room_control;
 mod scale_out;
 mod streaming;
-mod tokens;
 
 use std::time::Duration;
 
