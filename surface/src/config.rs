@@ -16,18 +16,27 @@ use wildmatch::WildMatch;
 
 pub use protocol::Secret;
 
-/// How the bot authenticates on its first start.
+/// How the bot authenticates: a token the operator gave, a password, or both (the token is
+/// used, the password logs in again after a soft logout). At least one is set.
 #[derive(Debug, Clone)]
-pub enum Auth {
-    /// `MATRIX_ACCESS_TOKEN` + `MATRIX_DEVICE_ID`.
-    Token {
-        /// The access token.
-        access_token: Secret,
-        /// The device the token belongs to.
-        device_id: OwnedDeviceId,
-    },
-    /// `MATRIX_PASSWORD`: log in once, then reuse the persisted session.
-    Password(Secret),
+pub struct Auth {
+    /// `MATRIX_ACCESS_TOKEN` + `MATRIX_DEVICE_ID` (+ `MATRIX_REFRESH_TOKEN`).
+    pub token: Option<GivenToken>,
+    /// `MATRIX_PASSWORD`: log in once, then reuse the persisted session; also the way back
+    /// after a soft logout.
+    pub password: Option<Secret>,
+}
+
+/// A session the operator made elsewhere (an existing login, or an OAuth 2.0 homeserver's
+/// compatibility token).
+#[derive(Debug, Clone)]
+pub struct GivenToken {
+    /// The access token.
+    pub access_token: Secret,
+    /// The refresh token issued with it, if any (single-use: the surface saves each new pair).
+    pub refresh_token: Option<Secret>,
+    /// The device the token belongs to.
+    pub device_id: OwnedDeviceId,
 }
 
 /// Everything the surface needs to run.
@@ -176,6 +185,7 @@ impl Config {
         let auth = p.take(auth(
             get("MATRIX_ACCESS_TOKEN"),
             get("MATRIX_DEVICE_ID"),
+            get("MATRIX_REFRESH_TOKEN"),
             get("MATRIX_PASSWORD"),
         ));
         let agent_urls = p.take(required("AGENT_URL").and_then(|raw| agent_urls(&raw)));
@@ -272,7 +282,7 @@ impl Config {
         if public(&self.agent_token) {
             out.push("AGENT_TOKEN");
         }
-        if let Auth::Password(p) = &self.auth
+        if let Some(p) = &self.auth.password
             && public(p)
         {
             out.push("MATRIX_PASSWORD");
@@ -299,21 +309,33 @@ impl Config {
 fn auth(
     token: Option<String>,
     device: Option<String>,
+    refresh: Option<String>,
     password: Option<String>,
 ) -> Result<Auth, ConfigError> {
-    match (token, password) {
-        (Some(token), _) => Ok(Auth::Token {
+    let password = password.map(Secret::new);
+    let token = match (token, refresh) {
+        (Some(token), refresh) => Some(GivenToken {
             access_token: Secret::new(token),
+            refresh_token: refresh.map(Secret::new),
             device_id: device
                 .ok_or(ConfigError::Missing("MATRIX_DEVICE_ID"))?
                 .into(),
         }),
-        (None, Some(password)) => Ok(Auth::Password(Secret::new(password))),
-        (None, None) => Err(invalid(
+        (None, Some(_)) => {
+            return Err(invalid(
+                "MATRIX_REFRESH_TOKEN",
+                "is given without MATRIX_ACCESS_TOKEN + MATRIX_DEVICE_ID",
+            ));
+        }
+        (None, None) => None,
+    };
+    if token.is_none() && password.is_none() {
+        return Err(invalid(
             "MATRIX_ACCESS_TOKEN",
             "set MATRIX_ACCESS_TOKEN + MATRIX_DEVICE_ID, or MATRIX_PASSWORD",
-        )),
+        ));
     }
+    Ok(Auth { token, password })
 }
 
 fn mcp_server(
@@ -747,7 +769,7 @@ mod tests {
         assert!(c.recovery_key.is_none());
         assert!(c.is_allowed("@alice:example.org"));
         assert!(!c.is_allowed("@eve:evil.org"));
-        assert!(matches!(c.auth, Auth::Password(_)));
+        assert!(c.auth.password.is_some() && c.auth.token.is_none());
     }
 
     #[test]
@@ -915,7 +937,19 @@ mod tests {
         assert!(!dbg.contains("syt_secret_token"), "{dbg}");
         assert!(!dbg.contains("0123456789abcdef"), "{dbg}");
         assert!(!dbg.contains("hunter2"), "{dbg}");
-        assert!(matches!(c.auth, Auth::Token { .. }));
+        assert!(c.auth.token.is_some());
+        env.insert("MATRIX_REFRESH_TOKEN", "syr_secret_refresh".to_owned());
+        let c = load(&env).unwrap();
+        assert!(!format!("{c:?}").contains("syr_secret_refresh"));
+        assert!(c.auth.token.unwrap().refresh_token.is_some());
+        env.remove("MATRIX_ACCESS_TOKEN");
+        env.remove("MATRIX_PASSWORD");
+        assert!(
+            load(&env)
+                .unwrap_err()
+                .to_string()
+                .starts_with("MATRIX_REFRESH_TOKEN is invalid")
+        );
     }
 
     #[test]

@@ -9,9 +9,12 @@
 
 mod delayed;
 mod findings;
+mod login;
 mod probe;
 
-pub use findings::{CrossSigning, Finding, Level, Login, Observations, RoomObservation, exit_code};
+pub use findings::{
+    CrossSigning, Finding, Level, Login, Observations, RoomObservation, WaysIn, exit_code,
+};
 
 use crate::config::Config;
 

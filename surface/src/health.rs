@@ -62,6 +62,8 @@ struct State_ {
     parked_sends: u64,
     /// The models a room may choose, as the last agent handshake said.
     agent_models: Option<Vec<String>>,
+    /// Logged out for good: the status word and what the operator can do.
+    logged_out: Option<(&'static str, &'static str)>,
 }
 
 impl State_ {
@@ -123,8 +125,9 @@ pub struct Snapshot {
 /// The JSON body of `/healthz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Report {
-    /// `ok`, `starting`, `agent_unchecked`, `agent_unreachable`, `workspace_mismatch` or
-    /// `protocol_mismatch`.
+    /// `ok`, `starting`, `agent_unchecked`, `agent_unreachable`, `workspace_mismatch`,
+    /// `protocol_mismatch`, or why the bot is logged out (`soft_logout`, `refresh_refused`,
+    /// `logged_out`, `account_locked`, `account_deactivated`, `password_refused`).
     pub status: &'static str,
     /// Details for a person, when not ok.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -143,6 +146,7 @@ impl Default for Health {
                 agents: BTreeMap::new(),
                 parked_sends: 0,
                 agent_models: None,
+                logged_out: None,
             }),
             metrics: std::sync::OnceLock::new(),
         }
@@ -202,6 +206,12 @@ impl Health {
         self.lock().agent_models.clone()
     }
 
+    /// The homeserver logged the bot out for good: `/healthz` says `status` (e.g.
+    /// `soft_logout`) with `detail`, whatever else holds.
+    pub fn set_logged_out(&self, status: &'static str, detail: &'static str) {
+        self.lock().logged_out = Some((status, detail));
+    }
+
     /// How many posts are parked (see [`crate::send`]).
     pub fn set_parked_sends(&self, n: u64) {
         self.lock().parked_sends = n;
@@ -210,6 +220,13 @@ impl Health {
     /// The current status.
     pub fn report(&self) -> Report {
         let s = self.lock();
+        if let Some((status, detail)) = s.logged_out {
+            return Report {
+                status,
+                detail: Some(detail.to_owned()),
+                parked_sends: s.parked_sends,
+            };
+        }
         let (status, detail) = match (&s.agent(), s.synced) {
             (AgentStatus::WorkspaceMismatch(d), _) => ("workspace_mismatch", Some(d.clone())),
             (AgentStatus::ProtocolMismatch(d), _) => ("protocol_mismatch", Some(d.clone())),
@@ -540,6 +557,20 @@ mod tests {
         g1.grant();
         let (_, t2, _) = all_trusted.admit(a, &limits);
         assert!(t0.is_cancelled() && !t1.is_cancelled() && !t2.is_cancelled());
+    }
+
+    #[test]
+    fn logged_out_wins_over_everything() {
+        let h = Health::default();
+        h.set_synced();
+        h.set_agent("ws://a:8700/", AgentStatus::Ok);
+        assert_eq!(h.report().status, "ok");
+        h.set_logged_out("soft_logout", "set MATRIX_PASSWORD");
+        let r = h.report();
+        assert_eq!(
+            (r.status, r.detail.as_deref()),
+            ("soft_logout", Some("set MATRIX_PASSWORD"))
+        );
     }
 
     #[test]

@@ -140,13 +140,101 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .with_context(|| format!("SURFACE_MCP_BIND {} cannot be bound", m.bind))?,
         ),
     };
-    let client = session::login(&config).await?;
-    info!(
-        user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
-        device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
-        "logged in"
-    );
-    run_with(config, client, listener, mcp_listener, shutdown).await
+    let health = Arc::new(Health::default());
+    tokio::spawn({
+        let (health, shutdown) = (health.clone(), shutdown.clone());
+        async move {
+            if let Err(e) = health::serve(listener, health, shutdown).await {
+                error!(error = %e, "health endpoint failed");
+            }
+        }
+    });
+    // Kept for the whole process: each session below serves MCP on a copy of it.
+    let mcp_listener = mcp_listener.map(|l| l.into_std()).transpose()?;
+    let has_password = config.auth.password.is_some();
+    let mut first = true;
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let client = match session::login(&config).await {
+            Ok(client) => client,
+            Err(session::SessionError::LoggedOut(out)) => {
+                return stay_logged_out(&health, out, &shutdown).await;
+            }
+            // Logging in again after a soft logout: the homeserver may be restarting.
+            Err(e) if !first && e.is_transient() => {
+                warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "logging in again failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(60));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        first = false;
+        delay = Duration::from_secs(1);
+        info!(
+            user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
+            device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
+            "logged in"
+        );
+        // One session runs until shutdown, or until the homeserver logs the bot out.
+        let generation = shutdown.child_token();
+        let watcher = tokio::spawn({
+            let (client, generation) = (client.clone(), generation.clone());
+            async move {
+                let out = session::watch(client).await;
+                error!(
+                    reason = out.code(),
+                    "the homeserver logged the bot out; stopping this session"
+                );
+                generation.cancel();
+                out
+            }
+        });
+        let mcp = match &mcp_listener {
+            Some(l) => Some(tokio::net::TcpListener::from_std(l.try_clone()?)?),
+            None => None,
+        };
+        run_session(config.clone(), client, health.clone(), mcp, generation).await?;
+        if shutdown.is_cancelled() {
+            watcher.abort();
+            return Ok(());
+        }
+        let out = watcher.await.context("the session watch ended")?;
+        match session::access::next(out, has_password) {
+            session::access::Next::LogInAgain => {
+                info!(reason = out.code(), "logging in again with the password");
+            }
+            session::access::Next::Stop(out) => {
+                return stay_logged_out(&health, out, &shutdown).await;
+            }
+        }
+    }
+}
+
+/// Logged out, with no way back by itself: no syncing and no posting (the journal keeps
+/// everything for the next start), `/healthz` 503 with the reason, and a log line every minute
+/// until the operator stops the surface. Never a loop of refused requests.
+async fn stay_logged_out(
+    health: &Health,
+    out: session::LoggedOut,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    health.set_logged_out(out.code(), out.explain());
+    metrics::logged_out(true);
+    loop {
+        error!(
+            reason = out.code(),
+            "the bot is logged out and does not sync: {}; messages wait on the homeserver and in the journal",
+            out.explain()
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+    }
 }
 
 /// Runs the surface with a logged-in `client` and a bound health listener until `shutdown`:
@@ -158,20 +246,34 @@ pub async fn run_with(
     mcp_listener: Option<tokio::net::TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let (workspace, journal, upload_cache) = open_state(&config)?;
     let health = Arc::new(Health::default());
-    health.set_parked_sends(journal.parked_count().context("reading the journal")?);
-    install_metrics(&health, &journal);
-    let tracker = TaskTracker::new();
-    tracker.spawn({
-        let health = health.clone();
-        let shutdown = shutdown.clone();
+    let serving = tokio::spawn({
+        let (health, shutdown) = (health.clone(), shutdown.clone());
         async move {
             if let Err(e) = health::serve(health_listener, health, shutdown).await {
                 error!(error = %e, "health endpoint failed");
             }
         }
     });
+    let result = run_session(config, client, health, mcp_listener, shutdown).await;
+    let _ = serving.await;
+    result
+}
+
+/// One logged-in session, until `shutdown` (the process's, or this session's when the
+/// homeserver logs the bot out): opens the state, starts the background work, catches up and
+/// syncs; then lets running tasks finish their step.
+async fn run_session(
+    config: Config,
+    client: Client,
+    health: Arc<Health>,
+    mcp_listener: Option<tokio::net::TcpListener>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let (workspace, journal, upload_cache) = open_state(&config)?;
+    health.set_parked_sends(journal.parked_count().context("reading the journal")?);
+    install_metrics(&health, &journal);
+    let tracker = TaskTracker::new();
 
     let display_name = client.account().get_display_name().await.ok().flatten();
 

@@ -12,6 +12,10 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const EVENTS: &str = "mxbridge_surface_events_total";
 /// Access tokens renewed with the refresh token.
 pub const TOKEN_REFRESHES: &str = "mxbridge_surface_token_refreshes_total";
+/// Logins again with the password after a soft logout, into the same device.
+pub const RELOGINS: &str = "mxbridge_surface_logins_again_total";
+/// 1 while the bot is logged out and waits for its operator (`/healthz` says why), else 0.
+pub const LOGGED_OUT: &str = "mxbridge_surface_logged_out";
 /// Turns over, by `outcome` (`ended`, `stopped`, `timeout`, `lost`, `dropped`).
 pub const TURNS: &str = "mxbridge_surface_turns_total";
 /// Syncs that came back `limited` (a gap the surface back-filled).
@@ -87,6 +91,14 @@ fn describe() {
         TOKEN_REFRESHES,
         "Access tokens renewed with the refresh token (each new pair saved before use)."
     );
+    describe_counter!(
+        RELOGINS,
+        "Logins again with the password after a soft logout, into the same device."
+    );
+    describe_gauge!(
+        LOGGED_OUT,
+        "1 while the bot is logged out and waits for its operator."
+    );
     describe_gauge!(UNDECRYPTABLE_WAITING, "Events waiting for their room key.");
     describe_gauge!(PARKED_SENDS, "Posts the homeserver refused for good.");
     describe_gauge!(AGENT_UP, "1 while an agent link is usable now.");
@@ -101,6 +113,16 @@ pub fn event(kind: &'static str, outcome: &'static str) {
 /// Records an access token renewed with the refresh token (the pair saved).
 pub fn token_refreshed() {
     metrics::counter!(TOKEN_REFRESHES).increment(1);
+}
+
+/// Records a login again after a soft logout.
+pub fn logged_in_again() {
+    metrics::counter!(RELOGINS).increment(1);
+}
+
+/// Records whether the bot is logged out and waiting for its operator.
+pub fn logged_out(out: bool) {
+    metrics::gauge!(LOGGED_OUT).set(if out { 1.0 } else { 0.0 });
 }
 
 /// Records a turn over, by how it ended.

@@ -11,7 +11,7 @@ use matrix_sdk::encryption::{BackupDownloadStrategy, EncryptionSettings};
 use matrix_sdk::ruma::api::client::uiaa;
 use tracing::{error, info, warn};
 
-use crate::config::{Auth, Config};
+use crate::config::Config;
 
 /// What the client does on its own: download room keys from the backup when a message cannot
 /// be decrypted. Cross-signing and the backup itself are set up by [`ensure`].
@@ -95,8 +95,8 @@ async fn bootstrap(client: &Client, config: &Config, passphrase: Option<&str>) {
     let encryption = client.encryption();
     if let Err(e) = encryption.bootstrap_cross_signing_if_needed(None).await {
         // Homeservers without MSC3967 ask for the password even for the first upload.
-        let retried = match (e.as_uiaa_response(), &config.auth) {
-            (Some(uiaa), Auth::Password(password)) => {
+        let retried = match (e.as_uiaa_response(), &config.auth.password) {
+            (Some(uiaa), Some(password)) => {
                 let mut auth = uiaa::Password::new(
                     uiaa::UserIdentifier::Matrix(uiaa::MatrixUserIdentifier::new(
                         config.user_id.localpart().to_owned(),

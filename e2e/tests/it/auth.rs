@@ -1,9 +1,14 @@
-//! A bot that stays logged in: against a Synapse of its own whose access tokens live 3 s, the
-//! surface (a password login, so it holds a refresh token) renews its token every few seconds
-//! through five minutes of traffic in an encrypted DM, is SIGKILLed right after a rotation and
-//! again as a token expires (during or just before the refresh), and answers every message
-//! once. Rotations are counted from the session file, which must hold the new pair the moment
-//! it exists.
+//! A bot that stays logged in, against a Synapse of its own whose refreshable access tokens
+//! live 3 s:
+//! * the surface (a password login, so it holds a refresh token) renews its token every few
+//!   seconds through five minutes of traffic in an encrypted DM, is SIGKILLed right after a
+//!   rotation and again as a token expires (during or just before the refresh), and answers
+//!   every message once. Rotations are counted from the session file, which must hold the new
+//!   pair the moment it exists;
+//! * an operator-given token pair survives its rotation and a SIGKILL; a soft logout with a
+//!   password logs in again into the same device; without one, and after the device is deleted,
+//!   the surface stops clearly (`/healthz` 503 with the reason, a log line, no request loop) and
+//!   a new token resumes it with nothing lost.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -167,4 +172,249 @@ async fn refresh_tokens_rotate_through_traffic_and_sigkills() {
         .or_else(|| v["tokens"]["refresh_token"].as_str())
         .expect("a refresh token is kept");
     assert!(!log.contains(refresh), "the refresh token is in the log");
+}
+
+/// Logs the bot in with its password into `device`: the access token, and the refresh token
+/// when `refresh` (the homeserver's 3 s lifetime applies to refreshable tokens only).
+async fn log_into(
+    hs: &e2e::Homeserver,
+    bot: &e2e::User,
+    device: &str,
+    refresh: bool,
+) -> (String, Option<String>) {
+    let body = serde_json::json!({
+        "type": "m.login.password",
+        "identifier": {"type": "m.id.user", "user": bot.user_id},
+        "password": bot.password,
+        "device_id": device,
+        "refresh_token": refresh,
+    });
+    let v: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/_matrix/client/v3/login", hs.url))
+        .json(&body)
+        .send()
+        .await
+        .expect("login")
+        .json()
+        .await
+        .expect("login body");
+    assert_eq!(v["device_id"], device, "logged into the bot's device: {v}");
+    (
+        v["access_token"].as_str().expect("access token").to_owned(),
+        v["refresh_token"].as_str().map(str::to_owned),
+    )
+}
+
+/// The surface's `/healthz`: (HTTP status, `status` field).
+async fn health(stack: &Stack) -> (u16, String) {
+    match reqwest::get(format!("{}/healthz", stack.surface_health)).await {
+        Ok(r) => {
+            let code = r.status().as_u16();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            (code, v["status"].as_str().unwrap_or_default().to_owned())
+        }
+        Err(_) => (0, "down".into()),
+    }
+}
+
+/// Waits until `/healthz` says `status`.
+async fn wait_health(stack: &Stack, status: &str) -> u16 {
+    let deadline = Instant::now() + TURN;
+    loop {
+        let (code, now) = health(stack).await;
+        if now == status {
+            return code;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/healthz never said {status} (last: {code} {now})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends `text` and waits for the bot's answer in its thread.
+async fn answered(user: &E2eeUser, room: &str, bot: &str, id: &str) -> bool {
+    user.wait_for(TURN, "an answer", || async {
+        user.messages_from(room, bot)
+            .await
+            .ok()?
+            .iter()
+            .any(|m| m.thread_root.as_deref() == Some(id))
+            .then_some(())
+    })
+    .await
+    .is_ok()
+}
+
+/// A metric of the surface's `/metrics` (no labels).
+async fn metric(stack: &Stack, name: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", stack.surface_health))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    e2e::metric(&text, name, &[])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn given_tokens_soft_and_hard_logouts() {
+    let synapse = DedicatedSynapse::start_with(None, Some("refreshable_access_token_lifetime: 3s"))
+        .await
+        .expect("synapse");
+    let hs = synapse.homeserver().clone();
+    // The bot starts on its registration's token (no expiry) and device.
+    let mut stack = Stack::start(&hs, StackOptions::default())
+        .await
+        .expect("stack");
+    let bot = stack.bot.clone();
+    let device = bot.device_id.clone();
+    let user = E2eeUser::register(&hs, "relogin").await.expect("user");
+    let room = user.create_encrypted_dm(&bot.user_id).await.expect("DM");
+    user.wait_joined(&room, &bot.user_id, TURN)
+        .await
+        .expect("join");
+    let ask = async |text: &str| {
+        let id = user.send_text(&room, text).await.expect("send");
+        answered(&user, &room, &bot.user_id, &id).await
+    };
+    assert!(ask("hello").await, "first answer");
+    let session = stack.surface_state_dir().join("session.json");
+    let mut secrets = vec![bot.password.clone()];
+
+    // 1. An operator-given access token with its refresh token: rotated, SIGKILLed right after
+    //    a rotation, and started again with the same (now spent) configuration.
+    stack.surface.stop().await;
+    let (access, refresh) = log_into(&hs, &bot, &device, true).await;
+    let refresh = refresh.expect("a refresh token");
+    secrets.extend([access.clone(), refresh.clone()]);
+    stack.surface.set_env("MATRIX_ACCESS_TOKEN", Some(&access));
+    stack
+        .surface
+        .set_env("MATRIX_REFRESH_TOKEN", Some(&refresh));
+    let (mut rotations, watcher) = watch_rotations(session.clone());
+    stack.surface.start().unwrap();
+    stack.wait_surface_healthy().await;
+    for _ in 0..2 {
+        rotations.borrow_and_update();
+        tokio::time::timeout(TURN, rotations.changed())
+            .await
+            .expect("a rotation")
+            .unwrap();
+    }
+    stack.surface.kill9().await;
+    watcher.abort();
+    stack.surface.start().unwrap();
+    stack.wait_surface_healthy().await;
+    let given_pair_survives = ask("after the given pair rotated").await;
+
+    // 2. Soft logout with a password: the access token expires (3 s) and has no refresh
+    //    token; the surface logs in again into the same device and answers.
+    stack.surface.stop().await;
+    let (access, _) = log_into(&hs, &bot, &device, true).await;
+    secrets.push(access.clone());
+    stack.surface.set_env("MATRIX_ACCESS_TOKEN", Some(&access));
+    stack.surface.set_env("MATRIX_REFRESH_TOKEN", None);
+    stack
+        .surface
+        .set_env("MATRIX_PASSWORD", Some(&bot.password));
+    stack.surface.start().unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stack.wait_surface_healthy().await;
+    let after_soft_logout = ask("after a soft logout").await;
+    let relogins = metric(&stack, "mxbridge_surface_logins_again_total").await;
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&session).unwrap()).unwrap();
+    assert_eq!(saved["device_id"], device.as_str(), "the same device");
+
+    // 3. Soft logout without a password: a clear stop; a new token resumes, nothing lost.
+    stack.surface.stop().await;
+    let (access, _) = log_into(&hs, &bot, &device, true).await;
+    secrets.push(access.clone());
+    stack.surface.set_env("MATRIX_ACCESS_TOKEN", Some(&access));
+    stack.surface.set_env("MATRIX_PASSWORD", None);
+    stack.surface.start().unwrap();
+    let soft_code = wait_health(&stack, "soft_logout").await;
+    let waiting = user
+        .send_text(&room, "sent while the bot is logged out")
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stayed_up = stack.surface.is_running();
+    let doctor = stack
+        .surface
+        .command()
+        .arg("doctor")
+        .output()
+        .await
+        .expect("doctor");
+    let doctor = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    let (access, _) = log_into(&hs, &bot, &device, false).await;
+    secrets.push(access.clone());
+    stack.surface.set_env("MATRIX_ACCESS_TOKEN", Some(&access));
+    let clean_exit = stack.surface.stop().await;
+    stack.surface.start().unwrap();
+    stack.wait_surface_healthy().await;
+    let resumed = answered(&user, &room, &bot.user_id, &waiting).await;
+
+    // 4. Hard logout: an admin deletes the bot's device.
+    let admin = hs
+        .register(&e2e::unique("admin"), true)
+        .await
+        .expect("admin");
+    let deleted = reqwest::Client::new()
+        .delete(format!(
+            "{}/_synapse/admin/v2/users/{}/devices/{}",
+            hs.url, bot.user_id, device
+        ))
+        .bearer_auth(&admin.token)
+        .send()
+        .await
+        .expect("delete device");
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    let hard_code = wait_health(&stack, "logged_out").await;
+    let before = stack.surface.log().matches("sync failed").count();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let failed_syncs = stack.surface.log().matches("sync failed").count() - before;
+    let hard_stayed_up = stack.surface.is_running();
+    let hard_exit = stack.surface.stop().await;
+
+    let log = stack.surface.log();
+    let stop_lines = log
+        .matches("the bot is logged out and does not sync")
+        .count();
+    let leaked = secrets.iter().filter(|s| log.contains(s.as_str())).count();
+    println!(
+        "logouts: given_pair_survives={given_pair_survives} after_soft_logout={after_soft_logout} \
+         relogins={relogins} soft_stop_healthz={soft_code} resumed={resumed} \
+         hard_stop_healthz={hard_code} syncs_after_hard_logout={failed_syncs} \
+         stop_log_lines={stop_lines} secrets_in_log={leaked}"
+    );
+    if !(given_pair_survives && after_soft_logout && resumed) {
+        stack.dump();
+    }
+    assert!(
+        given_pair_survives,
+        "answered after the given pair rotated and a SIGKILL"
+    );
+    assert!(after_soft_logout, "answered after logging in again");
+    assert!(relogins >= 1.0, "logged in again ({relogins})");
+    assert_eq!(soft_code, 503);
+    assert!(stayed_up, "the surface stays up while logged out");
+    assert!(
+        doctor.contains("soft_logout") && doctor.contains("MATRIX_PASSWORD"),
+        "the doctor explains: {doctor}"
+    );
+    assert_eq!(clean_exit, Some(0), "a logged-out surface stops cleanly");
+    assert!(resumed, "the message sent while logged out is answered");
+    assert_eq!(hard_code, 503);
+    assert!(hard_stayed_up, "no crash loop after a hard logout");
+    assert!(
+        failed_syncs <= 1,
+        "{failed_syncs} syncs tried after the hard logout"
+    );
+    assert_eq!(hard_exit, Some(0));
+    assert!(stop_lines >= 2, "each stop is said in the log");
+    assert_eq!(leaked, 0, "a token or the password is in the surface's log");
 }

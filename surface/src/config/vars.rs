@@ -17,13 +17,17 @@ pub const VARS: &[Var] = &[
     ),
     Var::secret(
         "MATRIX_PASSWORD",
-        "login on first start (or an access token and device id)",
+        "login on first start, and again after a soft logout",
     ),
     Var::secret(
         "MATRIX_ACCESS_TOKEN",
         "an existing session's token (with MATRIX_DEVICE_ID)",
     ),
     Var::new("MATRIX_DEVICE_ID", "", "the device of MATRIX_ACCESS_TOKEN"),
+    Var::secret(
+        "MATRIX_REFRESH_TOKEN",
+        "the refresh token issued with MATRIX_ACCESS_TOKEN, if any",
+    ),
     Var::secret(
         "MATRIX_RECOVERY_KEY",
         "recovery key or passphrase of the bot's key backup",

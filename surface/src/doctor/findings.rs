@@ -6,23 +6,7 @@ use crate::decide::{self, Decision, Facts, IgnoreReason};
 use crate::journal::RoomView;
 pub use settings::{Finding, Level};
 
-/// Who the bot is logged in as, per the homeserver.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Login {
-    /// `whoami` answered.
-    As {
-        /// The user.
-        user_id: String,
-        /// The device.
-        device_id: Option<String>,
-    },
-    /// No access token configured and no session saved yet (first start logs in).
-    NoSession,
-    /// The homeserver refused the token.
-    Refused(String),
-    /// Not asked: the homeserver is unreachable.
-    Unknown,
-}
+pub use super::login::{Login, WaysIn};
 
 /// The bot's cross-signing state, per `/keys/query`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +43,8 @@ pub struct Observations {
     pub homeserver: Result<Vec<String>, String>,
     /// Who we are.
     pub login: Login,
+    /// How the homeserver lets clients log in (when it answered).
+    pub ways_in: Option<WaysIn>,
     /// Joined rooms, when logged in.
     pub joined_rooms: Option<Vec<String>>,
     /// Cross-signing, when logged in.
@@ -85,7 +71,12 @@ pub struct Observations {
 
 /// Every finding, in reading order.
 pub fn findings(config: &Config, o: &Observations) -> Vec<Finding> {
-    let mut out = vec![configured(config), homeserver(o), login(config, o)];
+    let mut out = vec![
+        configured(config),
+        homeserver(o),
+        super::login::login(config, &o.login),
+    ];
+    out.extend(super::login::ways_in(config, o.ways_in));
     out.extend(rooms(config, o));
     out.push(allowlists(config));
     out.extend(encryption(config, o));
@@ -168,39 +159,6 @@ fn homeserver(o: &Observations) -> Finding {
             ),
         ),
         Err(e) => Finding::new(Level::Fail, "homeserver", format!("unreachable: {e}")),
-    }
-}
-
-fn login(config: &Config, o: &Observations) -> Finding {
-    use Level::{Fail, Ok, Warn};
-    match &o.login {
-        Login::As { user_id, device_id } if *user_id == config.user_id.as_str() => Finding::new(
-            Ok,
-            "login",
-            format!(
-                "logged in as {user_id} (device {})",
-                device_id.as_deref().unwrap_or("?")
-            ),
-        ),
-        Login::As { user_id, .. } => Finding::new(
-            Fail,
-            "login",
-            format!(
-                "the token belongs to {user_id}, not MATRIX_USER_ID {}",
-                config.user_id
-            ),
-        ),
-        Login::NoSession => Finding::new(
-            Warn,
-            "login",
-            "no saved session yet: the surface logs in with MATRIX_PASSWORD on its first start",
-        ),
-        Login::Refused(e) => Finding::new(
-            Fail,
-            "login",
-            format!("the homeserver refused the bot's token ({e}): log in again"),
-        ),
-        Login::Unknown => Finding::new(Warn, "login", "not checked (homeserver unreachable)"),
     }
 }
 
@@ -601,6 +559,10 @@ mod tests {
                 user_id: "@bot:hs".into(),
                 device_id: Some("DEV".into()),
             },
+            ways_in: Some(WaysIn {
+                password: true,
+                oauth: false,
+            }),
             joined_rooms: Some(vec!["!dm:hs".into()]),
             cross_signing: Some(CrossSigning {
                 master: true,

@@ -10,13 +10,14 @@ use std::time::Duration;
 use protocol::{ChatId, Secret};
 use serde_json::{Value, json};
 
-use super::findings::{CrossSigning, Login, Observations, RoomObservation};
+use super::findings::{CrossSigning, Login, Observations, RoomObservation, WaysIn};
 use crate::agent_link::{self, AgentEndpoint};
-use crate::config::{Auth, Config};
+use crate::config::Config;
 use crate::context::WorkspaceSentinels;
 use crate::health::Health;
 use crate::journal::Journal;
 use crate::session;
+use crate::session::access::{self, Access, Observed};
 use crate::workspace::Workspace;
 
 /// Deadline of each request.
@@ -100,7 +101,11 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         .get("/_matrix/client/versions")
         .await
         .map(|v| strings(&v["versions"]));
-    let login = login(&cs, homeserver.is_ok()).await;
+    let login = login(&cs, homeserver.is_ok(), refreshable(config)).await;
+    let ways_in = match homeserver.is_ok() {
+        true => ways_in(&cs).await,
+        false => None,
+    };
     let logged_in = matches!(login, Login::As { .. });
     let joined_rooms = if logged_in {
         cs.get("/_matrix/client/v3/joined_rooms")
@@ -139,6 +144,7 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
     Observations {
         homeserver,
         login,
+        ways_in,
         joined_rooms,
         cross_signing,
         backup,
@@ -178,29 +184,100 @@ fn journal_counts(
     }
 }
 
-/// Who the token belongs to, when the homeserver is `reachable` and there is a token.
-async fn login(cs: &Cs, reachable: bool) -> Login {
+/// Who the token belongs to, when the homeserver is `reachable` and there is a token. A
+/// refusal is judged as the surface judges it; the doctor never refreshes (a refresh token is
+/// single-use, and the running surface owns it).
+async fn login(cs: &Cs, reachable: bool, refreshable: bool) -> Login {
     match (reachable, &cs.token) {
         (false, _) => Login::Unknown,
         (true, None) => Login::NoSession,
-        (true, Some(_)) => match cs.get("/_matrix/client/v3/account/whoami").await {
-            Ok(v) => Login::As {
-                user_id: v["user_id"].as_str().unwrap_or_default().to_owned(),
-                device_id: v["device_id"].as_str().map(str::to_owned),
-            },
-            Err(e) => Login::Refused(e),
-        },
+        (true, Some(t)) => {
+            let url = format!("{}/_matrix/client/v3/account/whoami", cs.base);
+            let resp = match cs.http.get(url).bearer_auth(t.expose()).send().await {
+                Ok(r) => r,
+                Err(e) => return Login::Refused(e.without_url().to_string()),
+            };
+            let status = resp.status();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            if status.is_success() {
+                return Login::As {
+                    user_id: v["user_id"].as_str().unwrap_or_default().to_owned(),
+                    device_id: v["device_id"].as_str().map(str::to_owned),
+                };
+            }
+            let seen = Observed {
+                errcode: v["errcode"].as_str().map(str::to_owned),
+                soft_logout: v["soft_logout"].as_bool().unwrap_or(false),
+                refreshing: false,
+            };
+            match access::judge(&seen) {
+                Access::Out(out) => Login::Out { out, refreshable },
+                Access::Unsettled => Login::Refused(
+                    format!(
+                        "HTTP {} {}",
+                        status.as_u16(),
+                        seen.errcode.as_deref().unwrap_or("")
+                    )
+                    .trim()
+                    .to_owned(),
+                ),
+            }
+        }
     }
 }
 
-/// The configured token, or the saved session's.
+/// How the homeserver lets clients log in (`None` when `/login` does not answer).
+async fn ways_in(cs: &Cs) -> Option<WaysIn> {
+    let flows = cs.http.get(format!("{}/_matrix/client/v3/login", cs.base));
+    let flows: Value = flows.send().await.ok()?.json().await.ok()?;
+    let password = flows["flows"]
+        .as_array()?
+        .iter()
+        .any(|f| f["type"] == "m.login.password");
+    let mut oauth = false;
+    for path in [
+        "/_matrix/client/v1/auth_metadata",
+        "/_matrix/client/unstable/org.matrix.msc2965/auth_metadata",
+    ] {
+        let answer = cs.http.get(format!("{}{path}", cs.base)).send().await;
+        if let Ok(r) = answer
+            && r.status().is_success()
+            && let Ok(v) = r.json::<Value>().await
+            && v["issuer"].is_string()
+        {
+            oauth = true;
+            break;
+        }
+    }
+    Some(WaysIn { password, oauth })
+}
+
+/// The token the surface would use: the saved session's, or the configured one (the same
+/// choice the surface makes, [`session::saved::choose`]).
 fn access_token(config: &Config) -> Option<Secret> {
-    match &config.auth {
-        Auth::Token { access_token, .. } => Some(access_token.clone()),
-        Auth::Password(_) => session::load_session(&session::session_path(&config.state_dir))
-            .ok()
-            .flatten()
-            .map(|s| Secret::new(s.tokens.access_token)),
+    let saved = session::saved::load(&session::session_path(&config.state_dir))
+        .ok()
+        .flatten();
+    let given = config.auth.token.as_ref();
+    match session::saved::choose(given, saved.as_ref()) {
+        session::saved::Choice::Saved => saved.map(|s| Secret::new(s.session.tokens.access_token)),
+        session::saved::Choice::Given => given.map(|g| g.access_token.clone()),
+        session::saved::Choice::Password => None,
+    }
+}
+
+/// Whether the session the surface would use holds a refresh token.
+fn refreshable(config: &Config) -> bool {
+    let saved = session::saved::load(&session::session_path(&config.state_dir))
+        .ok()
+        .flatten();
+    let given = config.auth.token.as_ref();
+    match session::saved::choose(given, saved.as_ref()) {
+        session::saved::Choice::Saved => {
+            saved.is_some_and(|s| s.session.tokens.refresh_token.is_some())
+        }
+        session::saved::Choice::Given => given.is_some_and(|g| g.refresh_token.is_some()),
+        session::saved::Choice::Password => false,
     }
 }
 
@@ -358,7 +435,7 @@ async fn surface_health(http: &reqwest::Client, config: &Config) -> Result<Strin
             let body = r.text().await.unwrap_or_default();
             Err(format!(
                 "running on {addr} but not ready (HTTP {status}): {}",
-                body.chars().take(200).collect::<String>()
+                body.chars().take(1_000).collect::<String>()
             ))
         }
     }
