@@ -60,6 +60,7 @@ async fn doctor_explains_healthy_and_silent_rooms() {
         "config",
         "homeserver",
         "login",
+        "ways in",
         "rooms",
         "agent",
         "workspace",

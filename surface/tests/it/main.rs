@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 mod agent_link;
+mod doctor;
 mod fuzz;
 mod health;
 mod run;
