@@ -323,6 +323,13 @@ async fn given_tokens_soft_and_hard_logouts() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     stack.wait_surface_healthy().await;
     let after_soft_logout = ask("after a soft logout").await;
+    // Logged out while running (a new session in the same process), or already at the start
+    // when the start took longer than the token lives.
+    let relogin_path = if stack.surface.log().contains("stopping this session") {
+        "running"
+    } else {
+        "start"
+    };
     let relogins = metric(&stack, "mxbridge_surface_logins_again_total").await;
     let saved: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&session).unwrap()).unwrap();
@@ -387,7 +394,7 @@ async fn given_tokens_soft_and_hard_logouts() {
     let leaked = secrets.iter().filter(|s| log.contains(s.as_str())).count();
     println!(
         "logouts: given_pair_survives={given_pair_survives} after_soft_logout={after_soft_logout} \
-         relogins={relogins} soft_stop_healthz={soft_code} resumed={resumed} \
+         relogins={relogins} relogin_path={relogin_path} soft_stop_healthz={soft_code} resumed={resumed} \
          hard_stop_healthz={hard_code} syncs_after_hard_logout={failed_syncs} \
          stop_log_lines={stop_lines} secrets_in_log={leaked}"
     );
