@@ -21,6 +21,9 @@ use matrix_sdk::ruma::api::client::delayed_events::{
 };
 use matrix_sdk::ruma::api::client::discovery::get_capabilities;
 use matrix_sdk::ruma::events::MessageLikeEventType;
+use matrix_sdk::ruma::events::room::message::{
+    ReplacementMetadata, RoomMessageEventContentWithoutRelation,
+};
 use matrix_sdk::ruma::serde::Raw;
 use matrix_sdk::ruma::{OwnedEventId, TransactionId, UInt};
 use matrix_sdk::{Client, Room};
@@ -40,8 +43,6 @@ pub const INTERRUPTED_TEXT: &str =
 pub const BACK_TEXT: &str = "✅ I am back: the answer is in this thread.";
 /// The key marking the notice as the interrupted notice of a turn (its value: the turn).
 const MARKER: &str = "org.mxbridge.interrupted";
-/// The capability a homeserver offering delayed events announces.
-const CAPABILITY: &str = "org.matrix.msc4140.delayed_events";
 
 /// The longest delay the homeserver allows (`None`: it offers none), asked once per process.
 async fn offered(ctx: &Ctx) -> Option<Duration> {
@@ -60,8 +61,8 @@ pub async fn max_delay(client: &Client) -> Option<Duration> {
             return None;
         }
     };
-    let ms = caps.get(CAPABILITY)?.get("max_delay_ms")?.as_u64()?;
-    (ms > 0).then(|| Duration::from_millis(ms))
+    let capability = caps.get(crate::capabilities::DELAYED_EVENTS)?;
+    crate::capabilities::max_delay_of(capability.as_ref())
 }
 
 /// The content of the notice for `turn` (pure).
@@ -193,21 +194,25 @@ async fn cancel(client: &Client, delay_id: &str) -> bool {
 impl Holding {
     /// The turn's run ends: `over` (finished for the journal) cancels the notice and, if the
     /// homeserver had posted one for the turn, edits it to say the bot is back; otherwise (a
-    /// shutdown) the notice is left to the homeserver, and the next run finds it.
-    pub async fn finish(self, ctx: &Ctx, room: &Room, turn: &str, over: bool) {
+    /// shutdown) the notice is left to the homeserver, and the next run finds it. Runs in the
+    /// background: the chat's next turn never waits on the homeserver for this.
+    pub fn finish(self, ctx: &Ctx, room: &Room, turn: &str, over: bool) {
         self.stop.cancel();
-        let Ok(held) = self.task.await else { return };
-        if !over {
-            return;
-        }
-        let mut posted = held.posted_before;
-        if let Some(id) = held.delay_id {
-            posted |= !cancel(&ctx.client, &id).await;
-            let _ = ctx.journal.clear_delayed_notice(turn);
-        }
-        if posted {
-            back(ctx, room, turn).await;
-        }
+        let (ctx2, room, turn) = (ctx.clone(), room.clone(), turn.to_owned());
+        ctx.tracker.spawn(async move {
+            let Ok(held) = self.task.await else { return };
+            if !over {
+                return;
+            }
+            let mut posted = held.posted_before;
+            if let Some(id) = held.delay_id {
+                posted |= !cancel(&ctx2.client, &id).await;
+                let _ = ctx2.journal.clear_delayed_notice(&turn);
+            }
+            if posted {
+                back(&ctx2, &room, &turn).await;
+            }
+        });
     }
 }
 
@@ -221,17 +226,8 @@ pub async fn back(ctx: &Ctx, room: &Room, turn: &str) {
         );
         return;
     };
-    let edit = serde_json::json!({
-        "msgtype": "m.notice",
-        "body": format!("* {BACK_TEXT}"),
-        "m.new_content": {"msgtype": "m.notice", "body": BACK_TEXT},
-        "m.relates_to": {"rel_type": "m.replace", "event_id": notice},
-    });
-    let Ok(content) = serde_json::from_value::<
-        matrix_sdk::ruma::events::room::message::RoomMessageEventContent,
-    >(edit) else {
-        return;
-    };
+    let content = RoomMessageEventContentWithoutRelation::notice_plain(BACK_TEXT)
+        .make_replacement(ReplacementMetadata::new(notice.clone(), None));
     let txn = render::notice_txn_id(&format!("{turn}:back"), Purpose::Interrupted);
     let out = Outgoing {
         txn: &txn,

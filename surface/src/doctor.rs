@@ -7,7 +7,6 @@
 //!
 //! Decide, then do: [`probe`] gathers observations, [`findings`] (pure) judges them.
 
-mod delayed;
 mod findings;
 mod login;
 mod probe;

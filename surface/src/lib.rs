@@ -31,6 +31,7 @@
 //! * [`logging`]: tracing set-up; noise and credentials left out where lines are written.
 //! * [`trust`]: the bot's cross-signing identity and key backup, set up or restored.
 //! * [`workspace`]: the surface's view of `/workspace`, beneath one directory handle.
+//! * [`capabilities`]: what the homeserver offers, from `/capabilities` (pure).
 //! * [`config`]: the typed configuration, validated before anything logs in or binds.
 //! * [`decide`]: what an incoming event means for the bot (pure, table-tested).
 //! * [`filename`]: a name a Matrix user chose, made a safe file name.
@@ -48,6 +49,7 @@
 
 pub mod agent_link;
 pub mod announce;
+pub mod capabilities;
 pub mod command;
 pub mod config;
 pub mod connection;

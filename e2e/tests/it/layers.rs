@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 const SURFACE: &[&[&str]] = &[
     &["command"],
     &[
+        "capabilities",
         "config",
         "decide",
         "filename",

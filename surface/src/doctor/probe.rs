@@ -160,7 +160,7 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
             true => Some(
                 cs.get("/_matrix/client/v3/capabilities")
                     .await
-                    .map(|c| super::delayed::max_delay(&c)),
+                    .map(|c| crate::capabilities::max_delay(&c)),
             ),
             false => None,
         },

@@ -185,9 +185,7 @@ impl Lane {
             Outcome::Stopped => info!("turn stopped on request"),
         }
         let over = outcome.is_final() && !turn.interrupted;
-        holding
-            .finish(&self.ctx, &self.room, &turn.turn, over)
-            .await;
+        holding.finish(&self.ctx, &self.room, &turn.turn, over);
         if !outcome.is_final() {
             return;
         }
