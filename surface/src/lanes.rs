@@ -15,7 +15,7 @@ use std::time::Duration;
 use matrix_sdk::Room;
 use matrix_sdk::ruma::events::room::message::RoomMessageEventContent;
 use matrix_sdk::ruma::{EventId, RoomId};
-use protocol::{ContextMessage, Sender, UserMessage};
+use protocol::{ContextMessage, Sender, ToSurface, UserMessage};
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, error, info, info_span, instrument, warn};
 
@@ -164,7 +164,7 @@ async fn lane(ctx: Ctx, chat: ChatRef, handle: Arc<LaneHandle>) {
                     _ = notified => {}
                     // Drain link events (acks, late messages) while idle.
                     ev = lane.events.recv() => match ev {
-                        Some(LinkEvent::Message(m)) => debug!(msg = ?m, "agent message outside a turn"),
+                        Some(LinkEvent::Message(m)) => lane.answer_stray(&m),
                         Some(_) => {}
                         None => return,
                     },
@@ -318,6 +318,31 @@ impl Lane {
         self.link.turns_stored();
         self.run_turn(msg, progress).await;
         Ok(())
+    }
+
+    /// An agent message for a turn this lane does not run now: a request (file, approval,
+    /// question) for a turn that is over gets a refusal at once ([`turn::stray_reply`]), so
+    /// the agent does not wait out its timeout; everything else is only logged.
+    fn answer_stray(&self, m: &ToSurface) {
+        let Some(turn) = turn::request_turn(m) else {
+            debug!(msg = ?m, "agent message outside a turn");
+            return;
+        };
+        let outcome = self.ctx.journal.turn_outcome(turn).ok().flatten();
+        match turn::stray_reply(m, outcome.as_deref(), self.ctx.config.user_id.as_str()) {
+            Some(reply) => {
+                warn!(
+                    turn,
+                    outcome = outcome.as_deref().unwrap_or_default(),
+                    "the agent asked for a turn that is over; refused so it does not wait"
+                );
+                self.link.send(reply);
+            }
+            None => warn!(
+                turn,
+                "the agent asked for a turn this chat does not run now; dropped"
+            ),
+        }
     }
 
     /// Waits while a turn answering `event_id` runs (in another chat of the room).

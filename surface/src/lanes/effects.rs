@@ -279,6 +279,7 @@ impl Lane {
                     turn: turn.turn.clone(),
                 }));
             }
+            Step::Stray(m) => self.answer_stray(&m),
             Step::AgentError(e) => warn!(error = %e, "agent error"),
             Step::Finish(outcome) => return Some(outcome),
         }

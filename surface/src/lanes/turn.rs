@@ -7,7 +7,10 @@
 
 use std::collections::HashMap;
 
-use protocol::{ApprovalRequest, AskUser, EndStatus, SendFile, ToSurface};
+use protocol::{
+    Answer, ApprovalDecision, ApprovalRequest, AskUser, Decision, DeliveryResult, EndStatus,
+    SendFile, ToAgent, ToSurface,
+};
 
 use crate::purpose::Purpose;
 use crate::render;
@@ -67,6 +70,9 @@ pub enum Step {
         /// Who asked, for the log.
         by: String,
     },
+    /// A request (file, approval, question) for another turn than this one: answered by
+    /// [`stray_reply`] when that turn is over.
+    Stray(ToSurface),
     /// The agent reported an error (logged).
     AgentError(String),
     /// The turn is over.
@@ -329,6 +335,10 @@ impl TurnState {
             ToSurface::Error(e) => {
                 steps.push(Step::AgentError(format!("{:?}: {}", e.code, e.message)))
             }
+            m
+            @ (ToSurface::SendFile(_) | ToSurface::ApprovalRequest(_) | ToSurface::AskUser(_)) => {
+                steps.push(Step::Stray(m))
+            }
             _ => {}
         }
     }
@@ -370,6 +380,46 @@ impl TurnState {
         if !text.is_empty() {
             steps.push(Step::Answer(text.to_owned()));
         }
+    }
+}
+
+/// What a turn's requests get once the turn is over.
+pub const STRAY_REFUSAL: &str =
+    "the turn this belongs to is over; nothing was posted and nobody was asked";
+
+/// The answer to a request (file, approval, question) for a turn that is not running (pure):
+/// when that turn is over (`outcome`, from the journal), a refusal at once, so the agent does
+/// not wait out its timeout (600 s for a file); `None` for anything else, or a turn not over.
+pub fn stray_reply(m: &ToSurface, outcome: Option<&str>, bot: &str) -> Option<ToAgent> {
+    outcome?;
+    Some(match m {
+        ToSurface::SendFile(f) => ToAgent::DeliveryResult(DeliveryResult {
+            request_id: f.request_id.clone(),
+            ok: false,
+            event_id: None,
+            error: Some(STRAY_REFUSAL.to_owned()),
+        }),
+        ToSurface::ApprovalRequest(r) => ToAgent::ApprovalDecision(ApprovalDecision {
+            request_id: r.request_id.clone(),
+            decision: Decision::Deny,
+            by: bot.to_owned(),
+        }),
+        ToSurface::AskUser(q) => ToAgent::Answer(Answer {
+            question_id: q.question_id.clone(),
+            text: format!("(no answer: {STRAY_REFUSAL})"),
+            by: bot.to_owned(),
+        }),
+        _ => return None,
+    })
+}
+
+/// The turn of a request (file, approval, question) from the agent.
+pub fn request_turn(m: &ToSurface) -> Option<&str> {
+    match m {
+        ToSurface::SendFile(f) => Some(&f.turn),
+        ToSurface::ApprovalRequest(r) => Some(&r.turn),
+        ToSurface::AskUser(q) => Some(&q.turn),
+        _ => None,
     }
 }
 

@@ -2,7 +2,8 @@
 //! a fake agent (a WebSocket server on port 0): a message in a synced room becomes a turn at
 //! the agent and the agent's answer a threaded reply in the room; a message that cannot be
 //! decrypted holds its chat until the key wait is over, then the room is told and the chat goes
-//! on. Fast and hermetic; the real-homeserver suite (the `e2e` crate) stays the proof.
+//! on; a request the agent sends for a turn the surface has finished is refused at once. Fast
+//! and hermetic; the real-homeserver suite (the `e2e` crate) stays the proof.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,26 @@ const AGENT_NONCE: &str = "fake-agent-nonce";
 
 /// What the fake agent received.
 type Received = Arc<Mutex<Vec<UserMessage>>>;
+
+/// Every answer to a request the fake agent received (delivery results, decisions, answers),
+/// from every test of this file (their request ids differ).
+static ANSWERS: Mutex<Vec<ToAgent>> = Mutex::new(Vec::new());
+
+/// Requests the fake agent sends, after the end of a turn whose text has `late`, for that turn:
+/// the agent running it again (another agent took the chat) after the surface finished it.
+fn late_requests(turn: &str) -> Vec<ToSurface> {
+    let wire = |v: Value| serde_json::from_value(v).unwrap();
+    vec![
+        wire(
+            json!({"type": "send_file", "turn": turn, "request_id": format!("late-file-{turn}"),
+                    "path": "chats/x/late.txt"}),
+        ),
+        wire(
+            json!({"type": "ask_user", "turn": turn, "question_id": format!("late-ask-{turn}"),
+                    "text": "still there?"}),
+        ),
+    ]
+}
 
 /// A fake agent on port 0: handshakes (its sentinel written into `workspace`), acks every
 /// turn and answers `echo: <text>`.
@@ -71,12 +92,35 @@ async fn fake_agent(workspace: PathBuf) -> (String, Received) {
                                 }),
                             ]
                         }
+                        ToAgent::DeliveryResult(_)
+                        | ToAgent::Answer(_)
+                        | ToAgent::ApprovalDecision(_) => {
+                            ANSWERS
+                                .lock()
+                                .unwrap()
+                                .push(serde_json::from_str(t.as_str()).unwrap());
+                            vec![]
+                        }
                         _ => vec![],
                     };
+                    let late = replies.iter().find_map(|r| match r {
+                        ToSurface::End(e) if e.turn.contains("late") => Some(e.turn.clone()),
+                        _ => None,
+                    });
                     for r in replies {
                         let text = serde_json::to_string(&r).unwrap();
                         if ws.send(Message::text(text)).await.is_err() {
                             return;
+                        }
+                    }
+                    if let Some(turn) = late {
+                        // Well after the surface has finished the turn.
+                        tokio::time::sleep(Duration::from_millis(700)).await;
+                        for r in late_requests(&turn) {
+                            let text = serde_json::to_string(&r).unwrap();
+                            if ws.send(Message::text(text)).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 }
@@ -328,6 +372,45 @@ async fn a_synced_message_becomes_a_turn_and_its_answer_a_threaded_reply() {
     );
     running.stop().await;
     assert_eq!(received.lock().unwrap().len(), 1, "one turn, once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_for_a_turn_that_is_over_is_refused_at_once() {
+    let ts = now_ms() + 60_000;
+    let server = homeserver(vec![text_event("$late-turn", "hello", ts)]).await;
+    let (running, _received) = start(&server, &[]).await;
+    let answered = |id: &'static str| {
+        move || async move {
+            ANSWERS.lock().unwrap().iter().any(|a| {
+                let v = serde_json::to_value(a).unwrap();
+                v["request_id"] == id || v["question_id"] == id
+            })
+        }
+    };
+    until("the late file refused", answered("late-file-$late-turn")).await;
+    until(
+        "the late question answered",
+        answered("late-ask-$late-turn"),
+    )
+    .await;
+    let answers: Vec<Value> = ANSWERS
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| serde_json::to_value(a).unwrap())
+        .collect();
+    let file = answers
+        .iter()
+        .find(|a| a["request_id"] == "late-file-$late-turn")
+        .unwrap();
+    assert_eq!(file["ok"], false, "{file}");
+    assert!(
+        file["error"].as_str().unwrap().contains("is over"),
+        "{file}"
+    );
+    // Nothing was posted for them: the answer only.
+    assert_eq!(posts(&server).await.len(), 1);
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

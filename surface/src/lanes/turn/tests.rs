@@ -431,3 +431,65 @@ fn table() {
     assert!(Outcome::Ended.is_final() && Outcome::Lost.is_final());
     assert!(!Outcome::Interrupted.is_final());
 }
+
+#[test]
+fn requests_for_another_turn_are_strays_and_refused_once_that_turn_is_over() {
+    let wire = |v: serde_json::Value| -> ToSurface { serde_json::from_value(v).unwrap() };
+    let file = wire(
+        json!({"type": "send_file", "turn": "$old", "request_id": "send-$old-3",
+                           "path": "chats/c/out.txt"}),
+    );
+    let approval = wire(
+        json!({"type": "approval_request", "turn": "$old", "request_id": "a1",
+                               "tool": "write_file", "resource": "x", "summary": "write x"}),
+    );
+    let question = wire(
+        json!({"type": "ask_user", "turn": "$old", "question_id": "q1",
+                               "text": "which one?"}),
+    );
+    // During `$t`, a request for `$old` is a stray, not this turn's.
+    let steps = run(false, vec![Input::Message(file.clone())]);
+    assert!(
+        matches!(&steps[0][..], [Step::Stray(ToSurface::SendFile(_))]),
+        "{steps:?}"
+    );
+    assert_eq!(request_turn(&file), Some("$old"));
+    assert_eq!(
+        request_turn(&wire(
+            json!({"type": "text_chunk", "turn": "$t", "text": "x"})
+        )),
+        None
+    );
+
+    let table: [(&ToSurface, Option<&str>, Option<serde_json::Value>); 5] = [
+        (
+            &file,
+            Some("ended"),
+            Some(
+                json!({"type": "delivery_result", "request_id": "send-$old-3", "ok": false,
+                        "error": STRAY_REFUSAL}),
+            ),
+        ),
+        (
+            &approval,
+            Some("stopped"),
+            Some(
+                json!({"type": "approval_decision", "request_id": "a1", "decision": "deny",
+                        "by": "@bot:hs"}),
+            ),
+        ),
+        (
+            &question,
+            Some("timeout"),
+            Some(json!({"type": "answer", "question_id": "q1",
+                        "text": format!("(no answer: {STRAY_REFUSAL})"), "by": "@bot:hs"})),
+        ),
+        // Not over (or unknown): nothing is said for it.
+        (&file, None, None),
+        (&question, None, None),
+    ];
+    for (m, outcome, expected) in table {
+        let got = stray_reply(m, outcome, "@bot:hs").map(|r| serde_json::to_value(r).unwrap());
+        assert_eq!(got, expected, "{m:?} {outcome:?}");
+    }
+}
