@@ -160,6 +160,18 @@ impl Config {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
+    /// Reads the configuration from `NAME`/value pairs (a later pair wins), as tests and tools
+    /// give it.
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Result<Self, Problems<ConfigError>> {
+        Self::from_lookup(|k| {
+            pairs
+                .iter()
+                .rev()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
     /// Reads the configuration through `get` (testable without touching the environment).
     /// Every variable is checked on its own, so all problems are reported at once.
     pub fn from_lookup(

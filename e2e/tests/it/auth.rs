@@ -349,14 +349,7 @@ async fn given_tokens_soft_and_hard_logouts() {
         .expect("send");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stayed_up = stack.surface.is_running();
-    let doctor = stack
-        .surface
-        .command()
-        .arg("doctor")
-        .output()
-        .await
-        .expect("doctor");
-    let doctor = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    let (_, doctor) = crate::doctor::doctor(&stack, &[]).await;
     let (access, _) = log_into(&hs, &bot, &device, false).await;
     secrets.push(access.clone());
     stack.surface.set_env("MATRIX_ACCESS_TOKEN", Some(&access));

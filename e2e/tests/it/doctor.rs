@@ -8,7 +8,7 @@ use e2e::{E2eeUser, Stack, StackOptions};
 use crate::TURN;
 
 /// Runs `surface doctor` with the stack's surface configuration; (exit code, stdout).
-async fn doctor(stack: &Stack, args: &[&str]) -> (i32, String) {
+pub(crate) async fn doctor(stack: &Stack, args: &[&str]) -> (i32, String) {
     let out = stack
         .surface
         .command()

@@ -80,14 +80,7 @@ async fn an_mcp_client_gets_every_message_once_in_order_across_a_restart() {
     user.wait_joined(&room, &bot, TURN).await.expect("join");
 
     // The doctor sees the MCP server up and guarded.
-    let doctor = stack
-        .surface
-        .command()
-        .arg("doctor")
-        .output()
-        .await
-        .expect("surface doctor");
-    let report = String::from_utf8_lossy(&doctor.stdout);
+    let (_, report) = crate::doctor::doctor(&stack, &[]).await;
     assert!(
         report
             .lines()

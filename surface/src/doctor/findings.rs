@@ -543,13 +543,7 @@ mod tests {
             ("AGENT_TOKEN", "0123456789abcdef"),
         ];
         env.extend_from_slice(extra);
-        Config::from_lookup(|k| {
-            env.iter()
-                .rev()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        })
-        .unwrap()
+        Config::from_pairs(&env).unwrap()
     }
 
     fn healthy() -> Observations {

@@ -70,13 +70,7 @@ fn config(hs: &str, state: &std::path::Path, auth: &[(&str, &str)]) -> Config {
         ("SURFACE_HEALTH_BIND", "127.0.0.1:9"),
     ];
     env.extend_from_slice(auth);
-    Config::from_lookup(|k| {
-        env.iter()
-            .rev()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| (*v).to_owned())
-    })
-    .unwrap()
+    Config::from_pairs(&env).unwrap()
 }
 
 fn line<'a>(findings: &'a [Finding], check: &str) -> &'a Finding {
