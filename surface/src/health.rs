@@ -208,8 +208,14 @@ impl Health {
 
     /// The homeserver logged the bot out for good: `/healthz` says `status` (e.g.
     /// `soft_logout`) with `detail`, whatever else holds.
-    pub fn set_logged_out(&self, status: &'static str, detail: &'static str) {
-        self.lock().logged_out = Some((status, detail));
+    /// Whether this is news (it was not said before).
+    pub fn set_logged_out(&self, status: &'static str, detail: &'static str) -> bool {
+        self.lock().logged_out.replace((status, detail)) != Some((status, detail))
+    }
+
+    /// The bot may use the homeserver again (an account unlocked).
+    pub fn clear_logged_out(&self) {
+        self.lock().logged_out = None;
     }
 
     /// How many posts are parked (see [`crate::send`]).

@@ -107,6 +107,9 @@ use crate::journal::Journal;
 use crate::media::UploadCache;
 use crate::workspace::Workspace;
 
+/// How often a locked account's session is tried again.
+const LOCKED_RETRY: Duration = Duration::from_secs(30);
+
 /// How long shutdown waits for running tasks to finish their current step.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -159,8 +162,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     loop {
         let client = match session::login(&config).await {
             Ok(client) => client,
+            // A locked account keeps its session: try it again until an admin unlocks it.
+            Err(session::SessionError::LoggedOut(out @ session::LoggedOut::Locked)) => {
+                if health.set_logged_out(out.code(), out.explain()) {
+                    error!(reason = out.code(), "{}", out.explain());
+                }
+                metrics::logged_out(true);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(LOCKED_RETRY) => {}
+                }
+                continue;
+            }
             Err(session::SessionError::LoggedOut(out)) => {
-                return stay_logged_out(&health, out, &shutdown).await;
+                return stay_logged_out(&config, &health, out, &shutdown).await;
             }
             // Logging in again after a soft logout: the homeserver may be restarting.
             Err(e) if !first && e.is_transient() => {
@@ -176,6 +191,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         };
         first = false;
         delay = Duration::from_secs(1);
+        health.clear_logged_out();
+        metrics::logged_out(false);
         info!(
             user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
             device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
@@ -209,8 +226,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             session::access::Next::LogInAgain => {
                 info!(reason = out.code(), "logging in again with the password");
             }
+            session::access::Next::Wait => {}
             session::access::Next::Stop(out) => {
-                return stay_logged_out(&health, out, &shutdown).await;
+                return stay_logged_out(&config, &health, out, &shutdown).await;
             }
         }
     }
@@ -220,11 +238,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 /// everything for the next start), `/healthz` 503 with the reason, and a log line every minute
 /// until the operator stops the surface. Never a loop of refused requests.
 async fn stay_logged_out(
-    health: &Health,
+    config: &Config,
+    health: &Arc<Health>,
     out: session::LoggedOut,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     health.set_logged_out(out.code(), out.explain());
+    // Logged out at the start: `/metrics` still serves (with the journal's backlog), so the
+    // alert on `mxbridge_surface_logged_out` fires.
+    if let Ok(journal) = Journal::open(&config.state_dir.join("journal.sqlite")) {
+        install_metrics(health, &Arc::new(journal));
+    }
     metrics::logged_out(true);
     loop {
         error!(

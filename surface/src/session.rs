@@ -155,6 +155,8 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
         Err(SessionError::LoggedOut(out)) => {
             match access::next(out, config.auth.password.is_some()) {
                 Next::Stop(out) => Err(SessionError::LoggedOut(out)),
+                // A locked account: its caller tries the same session again later.
+                Next::Wait => Err(SessionError::LoggedOut(out)),
                 Next::LogInAgain => {
                     let password = config.auth.password.as_ref().expect("next() checked");
                     let device = saved.session.meta.device_id.clone();

@@ -12,6 +12,7 @@ use matrix_sdk::event_handler::Ctx as HandlerCtx;
 use matrix_sdk::room::MessagesOptions;
 use matrix_sdk::ruma::UInt;
 use matrix_sdk::ruma::api::client::membership::leave_room;
+use matrix_sdk::ruma::api::error::ErrorKind;
 use matrix_sdk::ruma::events::room::member::{MembershipState, StrippedRoomMemberEvent};
 use matrix_sdk::sync::RoomUpdates;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -154,6 +155,7 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     let new_backoff = || daemon::backoff(Duration::from_secs(1), Duration::from_secs(30)).build();
     let mut backoff = new_backoff();
     let mut ready = false;
+    let mut locked = false;
     // `None` once the broadcast is closed (the client holds its sending end as long as it
     // lives, so never expected): then the rooms come from what `sync_once` returns.
     let mut updates = Some(ctx.client.subscribe_to_all_room_updates());
@@ -164,6 +166,11 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
         match result {
             Ok(()) => {
                 ctx.health.set_synced();
+                if std::mem::take(&mut locked) {
+                    info!("the bot's account is unlocked; syncing again");
+                    ctx.health.clear_logged_out();
+                    crate::metrics::logged_out(false);
+                }
                 if !ready {
                     ready = true;
                     crate::logging::set_new_device(false);
@@ -180,6 +187,16 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
             }
             Err(e) => {
                 let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                // A locked account (`M_USER_LOCKED`) keeps its token: syncing resumes by itself
+                // once an admin unlocks it, and meanwhile `/healthz` says why nothing happens.
+                if e.locked && !std::mem::replace(&mut locked, true) {
+                    let out = crate::session::LoggedOut::Locked;
+                    if ctx.health.set_logged_out(out.code(), out.explain()) {
+                        error!(reason = out.code(), "{}", out.explain());
+                    }
+                    crate::metrics::logged_out(true);
+                }
+                let e = e.why;
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sync failed; retrying");
                 tokio::select! {
                     _ = ctx.shutdown.cancelled() => return Ok(()),
@@ -190,13 +207,25 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
     }
 }
 
+/// A failed sync: why, and whether the homeserver said the bot's account is locked.
+struct Failed {
+    why: String,
+    locked: bool,
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Self {
+        Self { why, locked: false }
+    }
+}
+
 /// One `sync_once`, journaling the rooms it brings from the broadcast meanwhile. `None` on
-/// shutdown; else whether it worked (the error as text).
+/// shutdown; else whether it worked.
 async fn sync_round(
     ctx: &Ctx,
     settings: &SyncSettings,
     updates: &mut Option<tokio::sync::broadcast::Receiver<RoomUpdates>>,
-) -> Option<Result<(), String>> {
+) -> Option<Result<(), Failed>> {
     let client = ctx.client.clone();
     let request = settings.clone();
     let mut sync =
@@ -231,9 +260,12 @@ async fn sync_round(
             Ok(())
         }
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(e)) => Err(Failed {
+            locked: matches!(e.client_api_error_kind(), Some(ErrorKind::UserLocked)),
+            why: e.to_string(),
+        }),
         // A panic inside matrix-sdk: a failed sync, tried again after the backoff.
-        Err(e) => Err(format!("the sync task ended: {e}")),
+        Err(e) => Err(format!("the sync task ended: {e}").into()),
     })
 }
 

@@ -8,7 +8,8 @@
 //! * an operator-given token pair survives its rotation and a SIGKILL; a soft logout with a
 //!   password logs in again into the same device; without one, and after the device is deleted,
 //!   the surface stops clearly (`/healthz` 503 with the reason, a log line, no request loop) and
-//!   a new token resumes it with nothing lost.
+//!   a new token resumes it with nothing lost; an account an admin locks and unlocks carries on
+//!   by itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -343,6 +344,7 @@ async fn given_tokens_soft_and_hard_logouts() {
     stack.surface.set_env("MATRIX_PASSWORD", None);
     stack.surface.start().unwrap();
     let soft_code = wait_health(&stack, "soft_logout").await;
+    let logged_out_gauge = metric(&stack, "mxbridge_surface_logged_out").await;
     let waiting = user
         .send_text(&room, "sent while the bot is logged out")
         .await
@@ -358,11 +360,36 @@ async fn given_tokens_soft_and_hard_logouts() {
     stack.wait_surface_healthy().await;
     let resumed = answered(&user, &room, &bot.user_id, &waiting).await;
 
-    // 4. Hard logout: an admin deletes the bot's device.
+    // 4. Locked by an admin, then unlocked: the surface says why, then carries on by itself
+    //    and answers what was sent meanwhile.
     let admin = hs
         .register(&e2e::unique("admin"), true)
         .await
         .expect("admin");
+    let lock = async |locked: bool| {
+        let r = reqwest::Client::new()
+            .put(format!(
+                "{}/_synapse/admin/v2/users/{}",
+                hs.url, bot.user_id
+            ))
+            .bearer_auth(&admin.token)
+            .json(&serde_json::json!({"locked": locked}))
+            .send()
+            .await
+            .expect("lock");
+        assert!(r.status().is_success(), "lock {locked}: {}", r.status());
+    };
+    lock(true).await;
+    let while_locked = user
+        .send_text(&room, "sent while the account is locked")
+        .await
+        .expect("send");
+    let locked_code = wait_health(&stack, "account_locked").await;
+    lock(false).await;
+    let unlocked_code = wait_health(&stack, "ok").await;
+    let after_unlock = answered(&user, &room, &bot.user_id, &while_locked).await;
+
+    // 5. Hard logout: an admin deletes the bot's device.
     let deleted = reqwest::Client::new()
         .delete(format!(
             "{}/_synapse/admin/v2/users/{}/devices/{}",
@@ -388,7 +415,8 @@ async fn given_tokens_soft_and_hard_logouts() {
     println!(
         "logouts: given_pair_survives={given_pair_survives} after_soft_logout={after_soft_logout} \
          relogins={relogins} relogin_path={relogin_path} soft_stop_healthz={soft_code} resumed={resumed} \
-         hard_stop_healthz={hard_code} syncs_after_hard_logout={failed_syncs} \
+         locked_healthz={locked_code} unlocked_healthz={unlocked_code} \
+         after_unlock={after_unlock} hard_stop_healthz={hard_code} syncs_after_hard_logout={failed_syncs} \
          stop_log_lines={stop_lines} secrets_in_log={leaked}"
     );
     if !(given_pair_survives && after_soft_logout && resumed) {
@@ -401,6 +429,10 @@ async fn given_tokens_soft_and_hard_logouts() {
     assert!(after_soft_logout, "answered after logging in again");
     assert!(relogins >= 1.0, "logged in again ({relogins})");
     assert_eq!(soft_code, 503);
+    assert_eq!(
+        logged_out_gauge, 1.0,
+        "mxbridge_surface_logged_out while logged out"
+    );
     assert!(stayed_up, "the surface stays up while logged out");
     assert!(
         doctor.contains("soft_logout") && doctor.contains("MATRIX_PASSWORD"),
@@ -408,6 +440,15 @@ async fn given_tokens_soft_and_hard_logouts() {
     );
     assert_eq!(clean_exit, Some(0), "a logged-out surface stops cleanly");
     assert!(resumed, "the message sent while logged out is answered");
+    assert_eq!(
+        (locked_code, unlocked_code),
+        (503, 200),
+        "locked, then unlocked"
+    );
+    assert!(
+        after_unlock,
+        "the message sent while locked is answered after the unlock"
+    );
     assert_eq!(hard_code, 503);
     assert!(hard_stayed_up, "no crash loop after a hard logout");
     assert!(

@@ -97,6 +97,8 @@ pub fn settle(first_soft_logout: Option<bool>, confirmed: LoggedOut) -> LoggedOu
 pub enum Next {
     /// Log in again with the password, into the same device.
     LogInAgain,
+    /// The account is locked: try the same session again later (an unlock lets it in).
+    Wait,
     /// Stop syncing and wait for the operator.
     Stop(LoggedOut),
 }
@@ -107,6 +109,7 @@ pub enum Next {
 pub fn next(out: LoggedOut, has_password: bool) -> Next {
     match out {
         LoggedOut::Soft | LoggedOut::RefreshRefused if has_password => Next::LogInAgain,
+        LoggedOut::Locked => Next::Wait,
         other => Next::Stop(other),
     }
 }
@@ -146,8 +149,8 @@ impl LoggedOut {
                  a new token; the bot becomes a new device, to be verified again"
             }
             Self::Locked => {
-                "the homeserver's admin locked the bot's account; it resumes after a restart \
-                 once the account is unlocked"
+                "the homeserver's admin locked the bot's account; the surface keeps trying \
+                 (every 30 s at most) and resumes by itself once the account is unlocked"
             }
             Self::Deactivated => "the bot's account is deactivated; it cannot log in again",
             Self::PasswordRefused => {
@@ -237,7 +240,8 @@ mod tests {
             (RefreshRefused, true, Next::LogInAgain),
             (RefreshRefused, false, Next::Stop(RefreshRefused)),
             (Hard, true, Next::Stop(Hard)),
-            (Locked, true, Next::Stop(Locked)),
+            (Locked, true, Next::Wait),
+            (Locked, false, Next::Wait),
             (Deactivated, true, Next::Stop(Deactivated)),
             (PasswordRefused, true, Next::Stop(PasswordRefused)),
         ];
