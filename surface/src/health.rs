@@ -213,9 +213,9 @@ impl Health {
         self.lock().logged_out.replace((status, detail)) != Some((status, detail))
     }
 
-    /// The bot may use the homeserver again (an account unlocked).
-    pub fn clear_logged_out(&self) {
-        self.lock().logged_out = None;
+    /// The bot may use the homeserver again (an account unlocked); whether it was logged out.
+    pub fn clear_logged_out(&self) -> bool {
+        self.lock().logged_out.take().is_some()
     }
 
     /// How many posts are parked (see [`crate::send`]).

@@ -164,10 +164,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             Ok(client) => client,
             // A locked account keeps its session: try it again until an admin unlocks it.
             Err(session::SessionError::LoggedOut(out @ session::LoggedOut::Locked)) => {
-                if health.set_logged_out(out.code(), out.explain()) {
-                    error!(reason = out.code(), "{}", out.explain());
-                }
-                metrics::logged_out(true);
+                session::report_logged_out(&health, out);
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(LOCKED_RETRY) => {}
@@ -191,8 +188,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         };
         first = false;
         delay = Duration::from_secs(1);
-        health.clear_logged_out();
-        metrics::logged_out(false);
+        session::report_logged_in(&health);
         info!(
             user_id = %client.user_id().map(|u| u.to_string()).unwrap_or_default(),
             device_id = %client.device_id().map(|d| d.to_string()).unwrap_or_default(),
@@ -243,13 +239,12 @@ async fn stay_logged_out(
     out: session::LoggedOut,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    health.set_logged_out(out.code(), out.explain());
     // Logged out at the start: `/metrics` still serves (with the journal's backlog), so the
     // alert on `mxbridge_surface_logged_out` fires.
     if let Ok(journal) = Journal::open(&config.state_dir.join("journal.sqlite")) {
         install_metrics(health, &Arc::new(journal));
     }
-    metrics::logged_out(true);
+    session::report_logged_out(health, out);
     loop {
         error!(
             reason = out.code(),

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use matrix_sdk::authentication::matrix::MatrixSession;
 use matrix_sdk::store::RoomLoadSettings;
-use matrix_sdk::{Client, SessionChange, SessionMeta, SessionTokens};
+use matrix_sdk::{Client, SessionChange};
 use tokio::sync::broadcast;
 use tracing::{info, warn};
 
@@ -108,26 +108,9 @@ pub async fn login(config: &Config) -> Result<Client, SessionError> {
             found: s.session.meta.user_id.to_string(),
         });
     }
-    let given = config.auth.token.as_ref();
-    let saved = match (saved::choose(given, persisted.as_ref()), persisted) {
-        (saved::Choice::Saved, Some(s)) => s,
-        (saved::Choice::Given, _) | (saved::Choice::Saved, None) => {
-            let g = given.expect("chosen only with a given token");
-            Saved {
-                session: MatrixSession {
-                    meta: SessionMeta {
-                        user_id: config.user_id.clone(),
-                        device_id: g.device_id.clone(),
-                    },
-                    tokens: SessionTokens {
-                        access_token: g.access_token.expose().to_owned(),
-                        refresh_token: g.refresh_token.as_ref().map(|r| r.expose().to_owned()),
-                    },
-                },
-                origin: Some(saved::origin(g)),
-            }
-        }
-        (saved::Choice::Password, _) => {
+    let saved = match saved::pick(&config.user_id, config.auth.token.as_ref(), persisted) {
+        Some(saved) => saved,
+        None => {
             let password = config
                 .auth
                 .password
@@ -240,6 +223,22 @@ fn first_refusal(changes: &mut broadcast::Receiver<SessionChange>) -> Option<boo
         }
     }
     None
+}
+
+/// Says that the bot is logged out (`/healthz`, the gauge, and the log when it is news).
+pub fn report_logged_out(health: &crate::health::Health, out: LoggedOut) {
+    if health.set_logged_out(out.code(), out.explain()) {
+        tracing::error!(reason = out.code(), "{}", out.explain());
+    }
+    crate::metrics::logged_out(true);
+}
+
+/// Says that the bot may use the homeserver again, if it was logged out.
+pub fn report_logged_in(health: &crate::health::Health) {
+    if health.clear_logged_out() {
+        info!("the homeserver lets the bot in again");
+    }
+    crate::metrics::logged_out(false);
 }
 
 /// Resolves once the homeserver has logged the running bot out, with why. matrix-sdk

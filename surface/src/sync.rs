@@ -166,10 +166,9 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
         match result {
             Ok(()) => {
                 ctx.health.set_synced();
-                if std::mem::take(&mut locked) {
-                    info!("the bot's account is unlocked; syncing again");
-                    ctx.health.clear_logged_out();
-                    crate::metrics::logged_out(false);
+                if locked {
+                    locked = false;
+                    crate::session::report_logged_in(&ctx.health);
                 }
                 if !ready {
                     ready = true;
@@ -189,12 +188,12 @@ pub async fn run(ctx: Ctx) -> Result<(), matrix_sdk::Error> {
                 let delay = backoff.next().unwrap_or(Duration::from_secs(30));
                 // A locked account (`M_USER_LOCKED`) keeps its token: syncing resumes by itself
                 // once an admin unlocks it, and meanwhile `/healthz` says why nothing happens.
-                if e.locked && !std::mem::replace(&mut locked, true) {
-                    let out = crate::session::LoggedOut::Locked;
-                    if ctx.health.set_logged_out(out.code(), out.explain()) {
-                        error!(reason = out.code(), "{}", out.explain());
-                    }
-                    crate::metrics::logged_out(true);
+                if e.locked {
+                    locked = true;
+                    crate::session::report_logged_out(
+                        &ctx.health,
+                        crate::session::LoggedOut::Locked,
+                    );
                 }
                 let e = e.why;
                 warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "sync failed; retrying");

@@ -92,16 +92,18 @@ pub async fn observe(config: &Config, room: Option<&str>, sender: Option<&str>) 
         .as_str()
         .trim_end_matches('/')
         .to_owned();
+    let session = session_token(config);
     let cs = Cs {
         http: http.clone(),
         base,
-        token: access_token(config),
+        token: session.as_ref().map(|(t, _)| t.clone()),
     };
     let homeserver = cs
         .get("/_matrix/client/versions")
         .await
         .map(|v| strings(&v["versions"]));
-    let login = login(&cs, homeserver.is_ok(), refreshable(config)).await;
+    let refreshable = session.is_some_and(|(_, r)| r);
+    let login = login(&cs, homeserver.is_ok(), refreshable).await;
     let ways_in = match homeserver.is_ok() {
         true => ways_in(&cs).await,
         false => None,
@@ -252,33 +254,15 @@ async fn ways_in(cs: &Cs) -> Option<WaysIn> {
     Some(WaysIn { password, oauth })
 }
 
-/// The token the surface would use: the saved session's, or the configured one (the same
-/// choice the surface makes, [`session::saved::choose`]).
-fn access_token(config: &Config) -> Option<Secret> {
+/// The access token the surface would use (the same pick it makes, [`session::saved::pick`]),
+/// and whether a refresh token comes with it.
+fn session_token(config: &Config) -> Option<(Secret, bool)> {
     let saved = session::saved::load(&session::session_path(&config.state_dir))
         .ok()
         .flatten();
-    let given = config.auth.token.as_ref();
-    match session::saved::choose(given, saved.as_ref()) {
-        session::saved::Choice::Saved => saved.map(|s| Secret::new(s.session.tokens.access_token)),
-        session::saved::Choice::Given => given.map(|g| g.access_token.clone()),
-        session::saved::Choice::Password => None,
-    }
-}
-
-/// Whether the session the surface would use holds a refresh token.
-fn refreshable(config: &Config) -> bool {
-    let saved = session::saved::load(&session::session_path(&config.state_dir))
-        .ok()
-        .flatten();
-    let given = config.auth.token.as_ref();
-    match session::saved::choose(given, saved.as_ref()) {
-        session::saved::Choice::Saved => {
-            saved.is_some_and(|s| s.session.tokens.refresh_token.is_some())
-        }
-        session::saved::Choice::Given => given.is_some_and(|g| g.refresh_token.is_some()),
-        session::saved::Choice::Password => false,
-    }
+    let s = session::saved::pick(&config.user_id, config.auth.token.as_ref(), saved)?;
+    let refreshable = s.session.tokens.refresh_token.is_some();
+    Some((Secret::new(s.session.tokens.access_token), refreshable))
 }
 
 async fn cross_signing(cs: &Cs, user_id: &str, device_id: Option<&str>) -> Option<CrossSigning> {

@@ -6,6 +6,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use matrix_sdk::authentication::matrix::MatrixSession;
+use matrix_sdk::ruma::UserId;
+use matrix_sdk::{SessionMeta, SessionTokens};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -57,6 +59,28 @@ pub fn choose(given: Option<&GivenToken>, saved: Option<&Saved>) -> Choice {
         (Some(_), _) => Choice::Given,
         (None, Some(_)) => Choice::Saved,
         (None, None) => Choice::Password,
+    }
+}
+
+/// The session a start uses (pure): the saved one, or one made of the given token (its origin
+/// recorded); `None` when the password must log in first.
+pub fn pick(user_id: &UserId, given: Option<&GivenToken>, saved: Option<Saved>) -> Option<Saved> {
+    match (choose(given, saved.as_ref()), saved, given) {
+        (Choice::Saved, Some(s), _) => Some(s),
+        (Choice::Given | Choice::Saved, _, Some(g)) => Some(Saved {
+            session: MatrixSession {
+                meta: SessionMeta {
+                    user_id: user_id.to_owned(),
+                    device_id: g.device_id.clone(),
+                },
+                tokens: SessionTokens {
+                    access_token: g.access_token.expose().to_owned(),
+                    refresh_token: g.refresh_token.as_ref().map(|r| r.expose().to_owned()),
+                },
+            },
+            origin: Some(origin(g)),
+        }),
+        _ => None,
     }
 }
 
@@ -118,7 +142,6 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use matrix_sdk::ruma::{device_id, user_id};
-    use matrix_sdk::{SessionMeta, SessionTokens};
     use protocol::Secret;
 
     use super::*;
@@ -208,6 +231,14 @@ mod tests {
             assert_eq!(choose(g.as_ref(), s.as_ref()), expected, "row {i}");
         }
         assert_ne!(origin(&a), origin(&given("token-b", "DEV")));
+        // The session picked: the given token's, with its origin; the saved one; none.
+        let bot = user_id!("@bot:hs");
+        let made = pick(bot, Some(&a), None).unwrap();
+        assert_eq!(made.session.tokens.access_token, "token-a");
+        assert_eq!(made.origin, Some(origin(&a)));
+        let kept = pick(bot, Some(&a), Some(from(&a, "DEV"))).unwrap();
+        assert_eq!(kept.session.tokens.access_token, "rotated");
+        assert!(pick(bot, None, None).is_none());
         assert!(!origin(&a).contains("token-a"));
     }
 }
