@@ -165,6 +165,12 @@ impl Chat {
         self.record.lock().await.allow_always(user, key).await
     }
 
+    /// The chat's turns stopped running here for now (its lease was given back): what the
+    /// record holds in memory to begin the next turn sooner is dropped.
+    pub(crate) async fn idle(&self) {
+        self.record.lock().await.idle();
+    }
+
     /// Records durably that step `n` of pending turn `id` completed.
     pub async fn record_step(&self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
         self.record.lock().await.record_step(id, n, step).await

@@ -45,6 +45,7 @@ mod files;
 mod lines;
 mod log;
 pub mod pg;
+mod recent;
 mod record;
 #[cfg(test)]
 mod suite;

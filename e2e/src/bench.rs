@@ -15,6 +15,7 @@ mod legs;
 mod machine;
 mod media;
 pub mod perceive;
+mod quota;
 mod report;
 mod rss;
 mod setup;

@@ -81,17 +81,17 @@ pub(super) async fn turn_worker(
     let mut kept: Option<Held> = None;
     loop {
         let (id, queued) = tokio::select! {
-            _ = cancel.cancelled() => return,
-            next = next_turn(&mut turns, &mut kept) => match next {
+            _ = cancel.cancelled() => break,
+            next = next_turn(&chat, &mut turns, &mut kept) => match next {
                 Some(next) => next,
-                None => return,
+                None => break,
             },
         };
         if !seen.insert(id.clone()) {
             continue;
         }
         let _lane = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => break,
             guard = chat.lane.lock() => guard,
         };
         // One turn at a time across every agent sharing the database, too.
@@ -99,7 +99,7 @@ pub(super) async fn turn_worker(
             Some(lease) => lease,
             None => match app.leases.acquire(&chat.id, &cancel).await {
                 Some(lease) => lease,
-                None => return,
+                None => break,
             },
         };
         // Losing the lease ends the turn like losing the connection: it stays pending.
@@ -117,6 +117,7 @@ pub(super) async fn turn_worker(
         stop_on_loss.abort();
         kept = Some(lease);
     }
+    chat.idle().await;
 }
 
 /// How long a chat's lease is kept once its queue is empty, for a next turn that follows at once
@@ -125,8 +126,9 @@ const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The next queued turn (`None`: the connection's queue closed). A kept lease is given back
 /// when none comes within [`LINGER`], before waiting on: another agent may run the chat's next
-/// turn.
+/// turn (and the chat's record drops what it held to begin the next turn sooner).
 async fn next_turn(
+    chat: &Chat,
     turns: &mut mpsc::UnboundedReceiver<(String, Queued)>,
     kept: &mut Option<Held>,
 ) -> Option<(String, Queued)> {
@@ -135,6 +137,7 @@ async fn next_turn(
             return next;
         }
         *kept = None;
+        chat.idle().await;
     }
     turns.recv().await
 }

@@ -81,4 +81,11 @@ impl ChatRecord for AnyChat {
     async fn record_step(&mut self, id: &str, n: u32, step: &Step) -> Result<(), StoreError> {
         forward!(self.record_step(id, n, step))
     }
+
+    fn idle(&mut self) {
+        match self {
+            AnyChat::Files(c) => ChatRecord::idle(&mut **c),
+            AnyChat::Postgres(c) => ChatRecord::idle(c),
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! Chats' records in PostgreSQL (`AGENT_DATABASE_URL`), shared by every agent of a deployment:
-//! nothing is cached in the process, so whichever agent serves a chat next finds all of it.
+//! whichever agent serves a chat next finds all of it. The only thing held in the process is the
+//! last few ended turns while this agent runs the chat's turns one after the other
+//! ([`super::recent`]: ended turns never change, so they are never stale).
 //!
 //! A turn is a row of `turns` (the message as admitted in `record`, how it ended in `ended`);
 //! admission is one call of `admit_turn` (migration V3), which locks the chat's row for the
@@ -13,6 +15,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::Json;
 
 use super::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, decide, warn_out_of_line};
+use super::recent::Recent;
 use super::record::{Begun, ChatRecord};
 use super::{History, Perceived, RECENT_TURNS, Step, StoreError, TurnEnd, TurnRecord, TurnStatus};
 use crate::db::{Database, DbError, Imported, describe};
@@ -29,11 +32,12 @@ impl PgChats {
         Self { db }
     }
 
-    /// The record of chat `id` (rows are read when asked for, never cached).
+    /// The record of chat `id` (rows are read when asked for).
     pub fn chat(&self, id: &ChatId) -> PgChat {
         PgChat {
             db: self.db.clone(),
             chat_id: id.to_string(),
+            recent: Recent::default(),
         }
     }
 }
@@ -43,7 +47,12 @@ impl PgChats {
 pub struct PgChat {
     db: Database,
     chat_id: String,
+    /// The last ended turns while this agent runs the chat's turns.
+    recent: Recent,
 }
+
+/// Turns as read with how they ended (`record`, `ended`).
+type TurnsWithEnds = Vec<(TurnRecord, Option<TurnEnd>)>;
 
 /// The status as stored in `turns.status`.
 pub(super) fn status_name(status: TurnStatus) -> &'static str {
@@ -101,7 +110,7 @@ impl PgChat {
     /// an unknown id. `durable`: the commit waits for the disk (what was perceived); otherwise
     /// not (how a turn ended: lost in a crash of the database server, the turn runs again from
     /// its recorded steps, as with the file store).
-    async fn end(&self, end: TurnEnd, durable: bool) -> Result<(), StoreError> {
+    async fn end(&self, end: &TurnEnd, durable: bool) -> Result<(), StoreError> {
         let client = if durable {
             self.db.get().await?
         } else {
@@ -119,7 +128,7 @@ impl PgChat {
                 &self.chat_id,
                 &end.id,
                 &status_name(end.status),
-                &Json(&end),
+                &Json(end),
                 &keep_perceived,
             ],
         )
@@ -199,18 +208,25 @@ impl ChatRecord for PgChat {
     async fn begin(&mut self, id: &str) -> Result<Option<Begun>, StoreError> {
         let client = self.db.get().await?;
         // The turn, its room, the turns before it and its recorded steps, in one round trip:
-        // `n - 1` turns came before, with `attachments_before` attachments; the last few in full.
+        // `n - 1` turns came before, with `attachments_before` attachments; the last few in full,
+        // unless they are held here already (the turn follows turn `$4`, the last one held).
         let Some(row) = crate::db::query_opt(
             &client,
             "SELECT t.n, t.attachments_before, t.record, t.ended, c.room_id, \
+             CASE WHEN t.n - 1 = $4 THEN NULL ELSE \
              (SELECT COALESCE(jsonb_agg(jsonb_build_array(r.record, r.ended) ORDER BY r.n), \
              '[]'::jsonb) FROM (SELECT n, record, ended FROM turns \
-             WHERE chat_id = $1 AND n < t.n ORDER BY n DESC LIMIT $3) r) AS recent, \
+             WHERE chat_id = $1 AND n < t.n ORDER BY n DESC LIMIT $3) r) END AS recent, \
              (SELECT COALESCE(jsonb_agg(s.step ORDER BY s.n), '[]'::jsonb) FROM turn_steps s \
              WHERE s.chat_id = $1 AND s.turn_id = $2) AS steps \
              FROM turns t JOIN chats c ON c.chat_id = t.chat_id \
              WHERE t.chat_id = $1 AND t.id = $2 AND t.status = 'pending'",
-            &[&self.chat_id, &id, &big(RECENT_TURNS as u64)],
+            &[
+                &self.chat_id,
+                &id,
+                &big(RECENT_TURNS as u64),
+                &self.recent.last(),
+            ],
         )
         .await
         .map_err(db_error)?
@@ -221,23 +237,33 @@ impl ChatRecord for PgChat {
         let before: i64 = row.get("attachments_before");
         let room_id: Option<String> = row.get("room_id");
         let turn = turn_of(&row, &self.chat_id)?;
-        let Json(pairs): Json<Vec<(TurnRecord, Option<TurnEnd>)>> =
-            row.try_get("recent").map_err(|e| {
-                StoreError::Database(format!(
-                    "unreadable history of chat {}: {}",
-                    self.chat_id,
-                    describe(&e)
-                ))
-            })?;
-        let recent = pairs
-            .into_iter()
-            .map(|(mut turn, end)| {
-                if let Some(end) = end {
-                    turn.apply(end);
-                }
-                turn
-            })
-            .collect();
+        let unreadable = |e: tokio_postgres::Error| {
+            StoreError::Database(format!(
+                "unreadable history of chat {}: {}",
+                self.chat_id,
+                describe(&e)
+            ))
+        };
+        let read: Option<Json<TurnsWithEnds>> = row.try_get("recent").map_err(unreadable)?;
+        let recent = match (read, self.recent.before(n)) {
+            (Some(Json(pairs)), _) => pairs
+                .into_iter()
+                .map(|(mut turn, end)| {
+                    if let Some(end) = end {
+                        turn.apply(end);
+                    }
+                    turn
+                })
+                .collect(),
+            (None, Some(held)) => held,
+            (None, None) => {
+                return Err(StoreError::Database(format!(
+                    "the history of chat {} before turn {n} was neither read nor held",
+                    self.chat_id
+                )));
+            }
+        };
+        self.recent.begin(n, &recent, &turn);
         let Json(steps): Json<Vec<Step>> = row.try_get("steps").map_err(|e| {
             StoreError::Database(format!(
                 "unreadable steps of turn {id} in chat {}: {}",
@@ -271,7 +297,17 @@ impl ChatRecord for PgChat {
     }
 
     async fn finish(&mut self, end: TurnEnd) -> Result<(), StoreError> {
-        self.end(end, false).await
+        match self.end(&end, false).await {
+            Ok(()) => {
+                self.recent.ended(&end);
+                Ok(())
+            }
+            Err(e) => {
+                // It may have been stored or not: what is held is doubtful.
+                self.recent.clear();
+                Err(e)
+            }
+        }
     }
 
     async fn perceive(
@@ -282,18 +318,17 @@ impl ChatRecord for PgChat {
         let Some(current) = ChatRecord::turn(self, id).await? else {
             return Ok(());
         };
-        self.end(
-            TurnEnd {
-                id: id.to_owned(),
-                status: current.status,
-                output: current.output,
-                sent_files: current.sent_files,
-                error: current.error,
-                perceived,
-            },
-            true,
-        )
-        .await
+        let end = TurnEnd {
+            id: id.to_owned(),
+            status: current.status,
+            output: current.output,
+            sent_files: current.sent_files,
+            error: current.error,
+            perceived,
+        };
+        self.end(&end, true).await?;
+        self.recent.perceived(id, &end.perceived);
+        Ok(())
     }
 
     async fn is_always_allowed(
@@ -369,6 +404,10 @@ impl ChatRecord for PgChat {
         .await
         .map_err(db_error)?;
         Ok(())
+    }
+
+    fn idle(&mut self) {
+        self.recent.clear();
     }
 }
 

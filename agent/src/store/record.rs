@@ -89,4 +89,8 @@ pub trait ChatRecord: Send {
         n: u32,
         step: &Step,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The chat's turns stopped running in this process for now: what is held in memory to
+    /// begin the next one sooner is dropped (nothing durable changes).
+    fn idle(&mut self) {}
 }

@@ -165,6 +165,74 @@ async fn what_was_perceived_stays_through_the_end() {
     });
 }
 
+fn outputs(turns: &[super::TurnRecord]) -> Vec<String> {
+    turns.iter().map(|t| t.output.clone()).collect()
+}
+
+/// Turns run one after the other each see every earlier answer in their history (the database's
+/// record holds the last ended turns instead of reading them again, `store::recent`), also what
+/// was perceived while a turn ran, a turn another agent admitted and ran in between, and one
+/// cancelled while it waited.
+#[tokio::test]
+async fn turns_run_one_after_the_other_see_every_earlier_answer() {
+    each_backend!(|backend| {
+        let mut a = open(&backend);
+        let runs = RECENT_TURNS as u64 + 3;
+        for seq in 1..=runs {
+            let id = format!("${seq}");
+            a.admit(&message(seq, &id)).await.unwrap();
+            let begun = a.begin(&id).await.unwrap().unwrap();
+            let from = seq.saturating_sub(RECENT_TURNS as u64).max(1);
+            let expected: Vec<String> = (from..seq).map(|s| format!("answer {s}")).collect();
+            assert_eq!(outputs(&begun.history.recent), expected, "turn {seq}");
+            assert_eq!(begun.history.earlier, seq as usize - 1);
+            if seq == runs {
+                let heard = BTreeMap::from([(
+                    WorkspacePath::new("chats/c1/a").unwrap(),
+                    Perceived::Heard { text: "hi".into() },
+                )]);
+                a.perceive(&id, heard).await.unwrap();
+            }
+            a.finish(end(&id, &format!("answer {seq}"))).await.unwrap();
+        }
+        // Another agent admits and runs the next turn (a state directory has one owner: there
+        // the same handle does).
+        let mut other = match &backend {
+            Backend::Postgres(_) => Some(open(&backend)),
+            Backend::Files(_) => None,
+        };
+        let b = other.as_mut().unwrap_or(&mut a);
+        let (elsewhere, cancelled, next) = (runs + 1, runs + 2, runs + 3);
+        b.admit(&message(elsewhere, "$elsewhere")).await.unwrap();
+        b.begin("$elsewhere").await.unwrap().unwrap();
+        b.finish(end("$elsewhere", "ran elsewhere")).await.unwrap();
+        // One is cancelled before it runs; the next one sees both.
+        a.admit(&message(cancelled, "$cancelled")).await.unwrap();
+        let mut gone = end("$cancelled", "");
+        gone.status = TurnStatus::Cancelled;
+        a.finish(gone).await.unwrap();
+        a.admit(&message(next, "$next")).await.unwrap();
+        let history = a.begin("$next").await.unwrap().unwrap().history;
+        assert_eq!(history.earlier, next as usize - 1);
+        let n = history.recent.len();
+        assert_eq!(n, RECENT_TURNS);
+        assert_eq!(
+            outputs(&history.recent[n - 3..]),
+            [
+                format!("answer {runs}"),
+                "ran elsewhere".into(),
+                String::new()
+            ]
+        );
+        assert_eq!(history.recent[n - 1].status, TurnStatus::Cancelled);
+        assert_eq!(
+            history.recent[n - 3].perceived.len(),
+            1,
+            "what was perceived while it ran"
+        );
+    });
+}
+
 #[tokio::test]
 async fn approvals_are_remembered_per_user() {
     each_backend!(|backend| {

@@ -536,9 +536,9 @@ impl Fig {
             ),
             Fig::StateTurnsThree => s(
                 "state_turns_pg_3_agents".into(),
-                "turns, PostgreSQL, 3 agents".into(),
+                "turns, PostgreSQL, 3 agents, 1/8 core each".into(),
                 "/s",
-                "1 agent",
+                "1 agent, 1/8 core",
                 Some(Target::RatioAtLeast(2.5)),
             ),
             Fig::VoiceOverhead(stat) => s(

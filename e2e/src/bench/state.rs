@@ -2,6 +2,12 @@
 //! turns per second over the agent's WebSocket (the minimal surface of [`crate::agent_ws`]), for
 //! the file store, PostgreSQL with one agent, and PostgreSQL with three, in one run. Every chat
 //! sends its turns one after the other; the chats run at once, spread over the agents.
+//!
+//! How agents scale is measured with each agent held to [`AGENT_CORES`] of CPU ([`CpuQuota`], as
+//! a pod's CPU limit): then a turn load is bound by the agent's own CPU, and three agents can do
+//! three times the work while the database, the load generator and the kernel have the rest of
+//! the machine. Without a limit, three agents on a 2-core machine share the same two cores as one
+//! agent does, and what would be measured is the machine.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -10,26 +16,35 @@ use anyhow::{Context, Result, bail};
 use protocol::ToSurface;
 
 use super::figures::{Fig, RunFigures, Sample, Stat};
+use super::quota::CpuQuota;
 use super::stats::percentile;
 use crate::agent_ws::AgentWs;
 use crate::procs::{Child, bin, free_port, wait_healthy};
 
 const TOKEN: &str = "bench-state-token-0123456789";
 
-/// Agents of one configuration, stopped when dropped.
+/// The CPU each agent gets when scaling is measured: an eighth of a core, so that three of them
+/// with PostgreSQL and the load generator fit in two cores.
+pub const AGENT_CORES: f64 = 0.125;
+
+/// Agents of one configuration, stopped when dropped (the processes first, then their limits).
 struct Agents {
     urls: Vec<String>,
     _children: Vec<Child>,
+    /// Whether every agent runs under [`AGENT_CORES`].
+    limited: bool,
+    _quotas: Vec<CpuQuota>,
     _dir: tempfile::TempDir,
 }
 
 impl Agents {
-    /// `n` agents, on the database `url` or (`None`) each on a state directory of its own.
-    async fn start(n: usize, url: Option<&str>) -> Result<Self> {
+    /// `n` agents, on the database `url` or (`None`) each on a state directory of its own; each
+    /// held to `cores` of CPU when given and the machine lets cgroups be made.
+    async fn start(n: usize, url: Option<&str>, cores: Option<f64>) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let workspace = dir.path().join("workspace");
         std::fs::create_dir_all(&workspace)?;
-        let (mut urls, mut children) = (Vec::new(), Vec::new());
+        let (mut urls, mut children, mut quotas) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..n {
             let port = free_port();
             let mut env = BTreeMap::from([
@@ -47,13 +62,18 @@ impl Agents {
             }
             let log = dir.path().join(format!("agent-{i}.log"));
             let child = Child::spawn(&format!("bench-agent-{i}"), bin("agent"), env, log)?;
+            if let (Some(cores), Some(pid)) = (cores, child.pid()) {
+                quotas.extend(CpuQuota::apply(pid, cores, &format!("agent-{i}")));
+            }
             wait_healthy(&child, &format!("http://127.0.0.1:{port}/healthz")).await;
             urls.push(format!("ws://127.0.0.1:{port}"));
             children.push(child);
         }
         Ok(Self {
             urls,
+            limited: cores.is_some() && quotas.len() == n,
             _children: children,
+            _quotas: quotas,
             _dir: dir,
         })
     }
@@ -136,19 +156,31 @@ pub async fn measure(chats: usize, per_chat: usize) -> Result<RunFigures> {
             .context("MXBRIDGE_TEST_DATABASE_URL is not set")
     };
     let files = {
-        let agents = Agents::start(1, None).await?;
+        let agents = Agents::start(1, None, None).await?;
         load(&agents, chats, per_chat, "files").await?
     };
     let pg1 = {
-        let agents = Agents::start(1, Some(&scratch().await?)).await?;
+        let agents = Agents::start(1, Some(&scratch().await?), None).await?;
         load(&agents, chats, per_chat, "pg1").await?
     };
-    let pg3 = {
-        let agents = Agents::start(3, Some(&scratch().await?)).await?;
+    // Scaling: one agent and three, each under the same CPU limit.
+    let (one, limited) = {
+        let agents = Agents::start(1, Some(&scratch().await?), Some(AGENT_CORES)).await?;
+        (load(&agents, chats, per_chat, "one").await?, agents.limited)
+    };
+    let three = {
+        let agents = Agents::start(3, Some(&scratch().await?), Some(AGENT_CORES)).await?;
         // Settle: the other two agents found the schema migrated by the first.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        load(&agents, chats, per_chat, "pg3").await?
+        load(&agents, chats, per_chat, "three").await?
     };
+    crate::bench::note(&if limited {
+        format!("agent state: scaling measured with each agent held to {AGENT_CORES} cores")
+    } else {
+        "agent state: no cgroup could be made for a CPU limit; the 3-agent figure shares the \
+         machine's cores with one agent's and does not show how agents scale"
+            .to_owned()
+    });
     let mut out = RunFigures::new();
     for (stat, p) in [(Stat::P50, 0.5), (Stat::P99, 0.99)] {
         out.insert(
@@ -165,7 +197,7 @@ pub async fn measure(chats: usize, per_chat: usize) -> Result<RunFigures> {
     );
     out.insert(
         Fig::StateTurnsThree,
-        Sample::new(pg3.turns_per_s, pg1.turns_per_s),
+        Sample::new(three.turns_per_s, one.turns_per_s),
     );
     Ok(out)
 }
