@@ -225,6 +225,20 @@ pub struct TurnEnd {
     pub perceived: BTreeMap<WorkspacePath, Perceived>,
 }
 
+impl TurnEnd {
+    /// Turn `current` as it stands, with what was `perceived` of its attachments.
+    fn perceived(current: TurnRecord, perceived: BTreeMap<WorkspacePath, Perceived>) -> Self {
+        Self {
+            id: current.id,
+            status: current.status,
+            output: current.output,
+            sent_files: current.sent_files,
+            error: current.error,
+            perceived,
+        }
+    }
+}
+
 /// What a brain sees of the turns before the one it answers.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct History {

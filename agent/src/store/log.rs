@@ -431,15 +431,7 @@ impl ChatLog {
         let Some(current) = self.turn(id).await? else {
             return Ok(());
         };
-        let end = TurnEnd {
-            id: id.to_owned(),
-            status: current.status,
-            output: current.output,
-            sent_files: current.sent_files,
-            error: current.error,
-            perceived,
-        };
-        self.end(end, true).await
+        self.end(TurnEnd::perceived(current, perceived), true).await
     }
 
     /// Appends an `end` line for a stored turn (nothing happens for an unknown id). What the

@@ -318,14 +318,7 @@ impl ChatRecord for PgChat {
         let Some(current) = ChatRecord::turn(self, id).await? else {
             return Ok(());
         };
-        let end = TurnEnd {
-            id: id.to_owned(),
-            status: current.status,
-            output: current.output,
-            sent_files: current.sent_files,
-            error: current.error,
-            perceived,
-        };
+        let end = TurnEnd::perceived(current, perceived);
         self.end(&end, true).await?;
         self.recent.perceived(id, &end.perceived);
         Ok(())
