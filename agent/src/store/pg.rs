@@ -245,25 +245,31 @@ impl ChatRecord for PgChat {
             ))
         };
         let read: Option<Json<TurnsWithEnds>> = row.try_get("recent").map_err(unreadable)?;
-        let recent = match (read, self.recent.before(n)) {
-            (Some(Json(pairs)), _) => pairs
-                .into_iter()
-                .map(|(mut turn, end)| {
-                    if let Some(end) = end {
-                        turn.apply(end);
-                    }
-                    turn
-                })
-                .collect(),
-            (None, Some(held)) => held,
-            (None, None) => {
-                return Err(StoreError::Database(format!(
-                    "the history of chat {} before turn {n} was neither read nor held",
-                    self.chat_id
-                )));
+        let recent = match read {
+            Some(Json(pairs)) => {
+                let recent: Vec<TurnRecord> = pairs
+                    .into_iter()
+                    .map(|(mut turn, end)| {
+                        if let Some(end) = end {
+                            turn.apply(end);
+                        }
+                        turn
+                    })
+                    .collect();
+                self.recent.begin(n, &turn, Some(&recent));
+                recent
+            }
+            None => {
+                let Some(held) = self.recent.before(n) else {
+                    return Err(StoreError::Database(format!(
+                        "the history of chat {} before turn {n} was neither read nor held",
+                        self.chat_id
+                    )));
+                };
+                self.recent.begin(n, &turn, None);
+                held
             }
         };
-        self.recent.begin(n, &recent, &turn);
         let Json(steps): Json<Vec<Step>> = row.try_get("steps").map_err(|e| {
             StoreError::Database(format!(
                 "unreadable steps of turn {id} in chat {}: {}",

@@ -39,11 +39,14 @@ impl Recent {
         (*last == n - 1).then(|| turns.iter().cloned().collect())
     }
 
-    /// Turn `n` (`turn`) begins after `before` (the last ≤ [`RECENT_TURNS`] turns before it):
-    /// held from now on when they have all ended.
-    pub fn begin(&mut self, n: i64, before: &[TurnRecord], turn: &TurnRecord) {
-        let all_ended = before.iter().all(|t| t.status != TurnStatus::Pending);
-        self.window = all_ended.then(|| (n - 1, before.iter().cloned().collect()));
+    /// Turn `n` (`turn`) begins, after the turns held ([`Self::before`]) or after `read`, the
+    /// last ≤ [`RECENT_TURNS`] turns before it as read from the database: held from now on when
+    /// they have all ended.
+    pub fn begin(&mut self, n: i64, turn: &TurnRecord, read: Option<&[TurnRecord]>) {
+        if let Some(read) = read {
+            let all_ended = read.iter().all(|t| t.status != TurnStatus::Pending);
+            self.window = all_ended.then(|| (n - 1, read.iter().cloned().collect()));
+        }
         self.running = Some((n, Box::new(turn.clone())));
     }
 
@@ -107,8 +110,8 @@ mod tests {
     fn run(n: u64) -> Recent {
         let mut r = Recent::default();
         for seq in 1..=n {
-            let before = r.before(seq as i64).unwrap_or_default();
-            r.begin(seq as i64, &before, &turn(seq, TurnStatus::Pending));
+            let read = r.before(seq as i64).is_none().then_some(&[][..]);
+            r.begin(seq as i64, &turn(seq, TurnStatus::Pending), read);
             r.ended(&end(&format!("${seq}"), &format!("answer {seq}")));
         }
         r
@@ -152,7 +155,7 @@ mod tests {
                 setup: || {
                     let mut r = Recent::default();
                     let before = [turn(1, TurnStatus::Completed), turn(2, TurnStatus::Pending)];
-                    r.begin(3, &before, &turn(3, TurnStatus::Pending));
+                    r.begin(3, &turn(3, TurnStatus::Pending), Some(&before));
                     r.ended(&end("$3", "x"));
                     r
                 },
@@ -163,7 +166,7 @@ mod tests {
                 what: "the running turn stays pending (cut off): dropped",
                 setup: || {
                     let mut r = run(2);
-                    r.begin(3, &r.before(3).unwrap(), &turn(3, TurnStatus::Pending));
+                    r.begin(3, &turn(3, TurnStatus::Pending), None);
                     let mut e = end("$3", "");
                     e.status = TurnStatus::Pending;
                     r.ended(&e);
@@ -204,7 +207,7 @@ mod tests {
     #[test]
     fn a_held_turn_is_as_it_ended_with_what_was_perceived() {
         let mut r = Recent::default();
-        r.begin(1, &[], &turn(1, TurnStatus::Pending));
+        r.begin(1, &turn(1, TurnStatus::Pending), Some(&[]));
         let heard = BTreeMap::from([(
             WorkspacePath::new("chats/c1/a").unwrap(),
             Perceived::Heard { text: "hi".into() },

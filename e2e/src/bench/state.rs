@@ -168,11 +168,12 @@ pub async fn measure(chats: usize, per_chat: usize) -> Result<RunFigures> {
         let agents = Agents::start(1, Some(&scratch().await?), Some(AGENT_CORES)).await?;
         (load(&agents, chats, per_chat, "one").await?, agents.limited)
     };
-    let three = {
+    let (three, limited) = {
         let agents = Agents::start(3, Some(&scratch().await?), Some(AGENT_CORES)).await?;
         // Settle: the other two agents found the schema migrated by the first.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        load(&agents, chats, per_chat, "three").await?
+        let three = load(&agents, chats, per_chat, "three").await?;
+        (three, limited && agents.limited)
     };
     crate::bench::note(&if limited {
         format!("agent state: scaling measured with each agent held to {AGENT_CORES} cores")
