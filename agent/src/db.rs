@@ -32,6 +32,16 @@ const HISTORY_TABLE: &str = "agent_schema_history";
 /// operation instead of hanging a turn).
 const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often opening the database is tried again at start (see [`Database::open_waiting`]).
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether opening the database is tried again after `e`, `waited` into a wait of `wait`: only
+/// while no connection could be made (a server starting, a password being set up); a URL that
+/// is no URL or a schema newer than this agent will not change by waiting.
+pub fn try_again(e: &DbError, waited: Duration, wait: Duration) -> bool {
+    matches!(e, DbError::Connect(_)) && waited + RETRY_EVERY <= wait
+}
+
 /// Where the durable state lives when it is in PostgreSQL.
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
@@ -43,6 +53,9 @@ pub struct DatabaseConfig {
     /// database that holds a statup (a lock never released, an overloaded server) fails a
     /// turn's step instead of hanging it. Migrations are not bound by it.
     pub statement_timeout: Duration,
+    /// How long to keep trying at start while no connection can be made
+    /// (`AGENT_DATABASE_WAIT`, default 0: fail at once).
+    pub wait: Duration,
 }
 
 /// The default [`DatabaseConfig::statement_timeout`].
@@ -55,6 +68,7 @@ impl DatabaseConfig {
             url,
             pool_size,
             statement_timeout: STATEMENT_TIMEOUT,
+            wait: Duration::ZERO,
         }
     }
 }
@@ -135,6 +149,26 @@ impl Database {
         Ok(db)
     }
 
+    /// [`Database::open`], tried again every [`RETRY_EVERY`] while no connection can be made,
+    /// until `config.wait` has passed ([`try_again`]); said once in the log while waiting.
+    pub async fn open_waiting(config: &DatabaseConfig) -> Result<Self, DbError> {
+        let start = tokio::time::Instant::now();
+        let mut said = false;
+        loop {
+            match Self::open(config).await {
+                Ok(db) => return Ok(db),
+                Err(e) if try_again(&e, start.elapsed(), config.wait) => {
+                    if !said {
+                        tracing::warn!(error = %e, wait_s = config.wait.as_secs(), "AGENT_DATABASE_URL: PostgreSQL cannot be used yet; waiting for it");
+                        said = true;
+                    }
+                    tokio::time::sleep(RETRY_EVERY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The pool, without touching the database yet.
     pub fn connect(config: &DatabaseConfig) -> Result<Self, DbError> {
         let mut pg =
@@ -162,18 +196,12 @@ impl Database {
 
     /// A connection whose commits do not wait for the disk (see [`Database`]).
     pub async fn get_relaxed(&self) -> Result<Object, DbError> {
-        self.relaxed
-            .get()
-            .await
-            .map_err(|e| DbError::Connect(e.to_string()))
+        self.relaxed.get().await.map_err(pool_error)
     }
 
     /// A connection from the pool.
     pub async fn get(&self) -> Result<Object, DbError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| DbError::Connect(e.to_string()))
+        self.pool.get().await.map_err(pool_error)
     }
 
     /// The schema version applied (0: none).
@@ -303,6 +331,18 @@ fn pool(pg: tokio_postgres::Config, size: usize) -> Result<Pool, DbError> {
         .map_err(|e| DbError::Connect(e.to_string()))
 }
 
+/// No connection from the pool, said as the server or the network said it.
+fn pool_error(e: deadpool_postgres::PoolError) -> DbError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => connect_error(e),
+        deadpool_postgres::PoolError::Timeout(_) => DbError::Connect(format!(
+            "no connection within {} s",
+            CHECKOUT_TIMEOUT.as_secs()
+        )),
+        other => DbError::Connect(other.to_string()),
+    }
+}
+
 /// A database error as a [`DbError`] (its text names the server's complaint, never the URL).
 pub fn connect_error(e: tokio_postgres::Error) -> DbError {
     DbError::Connect(describe(&e))
@@ -312,7 +352,11 @@ pub fn connect_error(e: tokio_postgres::Error) -> DbError {
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+        // "error connecting to server" says why only in its cause.
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 
@@ -412,6 +456,33 @@ pub(crate) async fn test_database() -> Option<Database> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_connection_that_cannot_be_made_is_waited_for_and_only_so_long() {
+        let secs = Duration::from_secs;
+        let refused = || DbError::Connect("connection refused".into());
+        let cases = [
+            (refused(), secs(0), secs(0), false),
+            (refused(), secs(0), secs(30), true),
+            (refused(), secs(29), secs(30), true),
+            (refused(), secs(30), secs(30), false),
+            (DbError::BadUrl, secs(0), secs(30), false),
+            (DbError::Migrate("x".into()), secs(0), secs(30), false),
+            (
+                DbError::SchemaNewer { found: 9, known: 6 },
+                secs(0),
+                secs(30),
+                false,
+            ),
+        ];
+        for (e, waited, wait, again) in cases {
+            assert_eq!(
+                try_again(&e, waited, wait),
+                again,
+                "{e} {waited:?} {wait:?}"
+            );
+        }
+    }
 
     #[test]
     fn url_of_names_another_database_on_the_same_server() {

@@ -70,8 +70,8 @@ async fn run() -> ExitCode {
     };
     if let Err(e) = serve(config).await {
         // One line naming the bad setting; no backtrace noise.
-        eprintln!("agent: {e:#}");
-        return ExitCode::FAILURE;
+        eprintln!("agent: {}", one_line(&e));
+        return exit_code(&e);
     }
     ExitCode::SUCCESS
 }
@@ -94,6 +94,34 @@ async fn import_state(get: impl Fn(&str) -> Option<String>) -> ExitCode {
             eprintln!("agent import-state: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `e` and its causes on one line, each said once (a message that quotes its cause already is
+/// not followed by it again).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// 2 when the state cannot be used at start (the database cannot be reached or refuses this
+/// agent, as for a bad setting); 1 for anything else.
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    use agent::server::RunError;
+    use agent::state::StateError;
+    match e.downcast_ref::<RunError>() {
+        Some(RunError::State(StateError::Database(_))) => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
     }
 }
 

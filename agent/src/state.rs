@@ -82,7 +82,7 @@ impl AppState {
             })?;
         let (store, memory, db) = match &config.database {
             Some(db) => {
-                let db = Database::open(db).await?;
+                let db = Database::open_waiting(db).await?;
                 (
                     Backend::postgres(db.clone()),
                     Memory::postgres(db.clone()),

@@ -42,9 +42,11 @@ use tracing::{info, warn};
 pub mod admission;
 mod any;
 mod files;
+mod group;
 mod lines;
 mod log;
 pub mod pg;
+mod pgjson;
 mod recent;
 mod record;
 #[cfg(test)]

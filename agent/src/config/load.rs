@@ -77,6 +77,9 @@ impl Config {
     }
 }
 
+/// Longest `AGENT_DATABASE_WAIT`.
+const MAX_DATABASE_WAIT: Duration = Duration::from_secs(3600);
+
 /// The settings being read, and the problems found so far. Each reading method returns `None`
 /// exactly when it recorded a problem.
 struct Reader<G> {
@@ -311,8 +314,19 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
     /// password); checked as a connection string, never echoed.
     fn database(&mut self) -> Option<Option<DatabaseConfig>> {
         let pool_size = self.count("AGENT_DATABASE_POOL", 16);
+        let wait = match self.get("AGENT_DATABASE_WAIT") {
+            None => Some(Duration::ZERO),
+            Some(v) => match humantime::parse_duration(v.trim()) {
+                Ok(d) if d <= MAX_DATABASE_WAIT => Some(d),
+                Ok(_) => self.fail("AGENT_DATABASE_WAIT", "must be at most 1h"),
+                Err(e) => self.fail(
+                    "AGENT_DATABASE_WAIT",
+                    format!("not a duration like 0s, 30s or 5m: {e}"),
+                ),
+            },
+        };
         let Some(url) = self.get("AGENT_DATABASE_URL") else {
-            return pool_size.map(|_| None);
+            return pool_size.and(wait).map(|_| None);
         };
         let url = url.trim().to_owned();
         if url.parse::<tokio_postgres::Config>().is_err() {
@@ -321,7 +335,9 @@ impl<G: Fn(&str) -> Option<String>> Reader<G> {
                 "not a PostgreSQL connection URL (postgres://user@host/dbname?sslmode=require)",
             );
         }
-        Some(Some(DatabaseConfig::new(Secret::new(url), pool_size?)))
+        let mut config = DatabaseConfig::new(Secret::new(url), pool_size?);
+        config.wait = wait?;
+        Some(Some(config))
     }
 
     /// Transcription settings; every one is checked even while `TRANSCRIBE_MODEL` is unset

@@ -34,6 +34,11 @@ pub const VARS: &[Var] = &[
         "most connections to AGENT_DATABASE_URL",
     ),
     Var::new(
+        "AGENT_DATABASE_WAIT",
+        "0s",
+        "how long to keep trying at start while AGENT_DATABASE_URL cannot be reached (0s: exit 2 at once)",
+    ),
+    Var::new(
         "AGENT_BRAIN",
         "builtin",
         "builtin (offline, deterministic), openai or acp (an Agent Client Protocol agent)",

@@ -4,8 +4,9 @@
 //! ([`super::recent`]: ended turns never change, so they are never stale).
 //!
 //! A turn is a row of `turns` (the message as admitted in `record`, how it ended in `ended`);
-//! admission is one call of `admit_turn` (migration V3), which locks the chat's row for the
-//! look-up and the insert, so two agents given the same message at once store it once.
+//! admission is a call of `admit_turn` (migrations V3, V5), which locks the chat's row for the
+//! look-up and the insert, so two agents given the same message at once store it once. The
+//! admissions of all of an agent's chats are committed together ([`super::group`]).
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,9 @@ use protocol::{ChatId, UserMessage, WorkspacePath};
 use tokio_postgres::Row;
 use tokio_postgres::types::Json;
 
-use super::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, decide, warn_out_of_line};
+use super::admission::{Admission, decide, warn_out_of_line};
+use super::group::{Admit, Admitter};
+use super::pgjson::PgJson;
 use super::recent::Recent;
 use super::record::{Begun, ChatRecord};
 use super::{History, Perceived, RECENT_TURNS, Step, StoreError, TurnEnd, TurnRecord, TurnStatus};
@@ -24,18 +27,23 @@ use crate::db::{Database, DbError, Imported, describe};
 #[derive(Debug, Clone)]
 pub struct PgChats {
     db: Database,
+    admitter: Admitter,
 }
 
 impl PgChats {
     /// The chats kept in `db`.
     pub fn new(db: Database) -> Self {
-        Self { db }
+        Self {
+            admitter: Admitter::new(db.clone()),
+            db,
+        }
     }
 
     /// The record of chat `id` (rows are read when asked for).
     pub fn chat(&self, id: &ChatId) -> PgChat {
         PgChat {
             db: self.db.clone(),
+            admitter: self.admitter.clone(),
             chat_id: id.to_string(),
             recent: Recent::default(),
         }
@@ -46,6 +54,7 @@ impl PgChats {
 #[derive(Debug)]
 pub struct PgChat {
     db: Database,
+    admitter: Admitter,
     chat_id: String,
     /// The last ended turns while this agent runs the chat's turns.
     recent: Recent,
@@ -109,8 +118,10 @@ impl PgChat {
     /// `end` says nothing of it, and drops the turn's steps once it is over; nothing happens for
     /// an unknown id. `durable`: the commit waits for the disk (what was perceived); otherwise
     /// not (how a turn ended: lost in a crash of the database server, the turn runs again from
-    /// its recorded steps, as with the file store).
-    async fn end(&self, end: &TurnEnd, durable: bool) -> Result<(), StoreError> {
+    /// its recorded steps, as with the file store). Whether what was stored differs from `end`
+    /// ([`PgJson::scrubbed`]).
+    async fn end(&self, end: &TurnEnd, durable: bool) -> Result<bool, StoreError> {
+        let stored = PgJson::new(end)?;
         let client = if durable {
             self.db.get().await?
         } else {
@@ -128,42 +139,35 @@ impl PgChat {
                 &self.chat_id,
                 &end.id,
                 &status_name(end.status),
-                &Json(end),
+                &stored,
                 &keep_perceived,
             ],
         )
         .await
         .map_err(db_error)?;
-        Ok(())
+        Ok(stored.scrubbed())
     }
 }
 
 impl ChatRecord for PgChat {
     async fn admit(&mut self, msg: &UserMessage) -> Result<Admission, StoreError> {
-        let client = self.db.get().await?;
         let turn = TurnRecord::from_message(msg);
-        let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
-        // One round trip (migration V3): the function locks the chat's row, looks the id up and
-        // stores the turn when `decide` would say "new", with `decide`'s bounds.
-        let row = crate::db::query_one(
-            &client,
-            "SELECT was_stored, prior_last_seq, inserted \
-             FROM admit_turn($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            &[
-                &self.chat_id,
-                &msg.id,
-                &big(msg.seq),
-                &big(MAX_SEQ),
-                &big(MAX_SEQ_AHEAD),
-                &i64::from(attachments),
-                &Json(&turn),
-                &msg.room_id,
-                &msg.thread_root,
-            ],
-        )
-        .await
-        .map_err(db_error)?;
-        let (stored, last_seq, inserted): (bool, i64, bool) = (row.get(0), row.get(1), row.get(2));
+        let attachments = i64::try_from(turn.all_attachments().count()).unwrap_or(i64::MAX);
+        // The database locks the chat's row, looks the id up and stores the turn when `decide`
+        // would say "new", with `decide`'s bounds; together with other chats' admissions.
+        let answer = self
+            .admitter
+            .admit(Admit {
+                chat: self.chat_id.clone(),
+                id: msg.id.clone(),
+                seq: msg.seq,
+                attachments,
+                turn: PgJson::new(&turn)?,
+                room: msg.room_id.clone(),
+                thread: msg.thread_root.clone(),
+            })
+            .await?;
+        let (stored, last_seq, inserted) = (answer.stored, answer.last_seq, answer.inserted);
         let last_seq = u64::try_from(last_seq).unwrap_or(0);
         let admission = decide(stored, msg.seq, last_seq);
         if inserted != (admission == Admission::New) {
@@ -304,8 +308,13 @@ impl ChatRecord for PgChat {
 
     async fn finish(&mut self, end: TurnEnd) -> Result<(), StoreError> {
         match self.end(&end, false).await {
-            Ok(()) => {
+            Ok(false) => {
                 self.recent.ended(&end);
+                Ok(())
+            }
+            Ok(true) => {
+                // Stored otherwise than given: read again from the database.
+                self.recent.clear();
                 Ok(())
             }
             Err(e) => {
@@ -325,8 +334,11 @@ impl ChatRecord for PgChat {
             return Ok(());
         };
         let end = TurnEnd::perceived(current, perceived);
-        self.end(&end, true).await?;
-        self.recent.perceived(id, &end.perceived);
+        if self.end(&end, true).await? {
+            self.recent.clear();
+        } else {
+            self.recent.perceived(id, &end.perceived);
+        }
         Ok(())
     }
 
@@ -397,7 +409,7 @@ impl ChatRecord for PgChat {
                 &self.chat_id,
                 &id,
                 &i32::try_from(n).unwrap_or(i32::MAX),
-                &Json(step),
+                &PgJson::new(step)?,
             ],
         )
         .await
@@ -489,16 +501,18 @@ async fn insert_turns(
 ) -> Result<i64, StoreError> {
     let mut before: i64 = 0;
     for (n, turn) in (1_i64..).zip(turns) {
-        let ended = (turn.status != TurnStatus::Pending || !turn.perceived.is_empty()).then(|| {
-            Json(TurnEnd {
-                id: turn.id.clone(),
-                status: turn.status,
-                output: turn.output.clone(),
-                sent_files: turn.sent_files.clone(),
-                error: turn.error.clone(),
-                perceived: turn.perceived.clone(),
+        let ended = (turn.status != TurnStatus::Pending || !turn.perceived.is_empty())
+            .then(|| {
+                PgJson::new(&TurnEnd {
+                    id: turn.id.clone(),
+                    status: turn.status,
+                    output: turn.output.clone(),
+                    sent_files: turn.sent_files.clone(),
+                    error: turn.error.clone(),
+                    perceived: turn.perceived.clone(),
+                })
             })
-        });
+            .transpose()?;
         let attachments = i32::try_from(turn.all_attachments().count()).unwrap_or(i32::MAX);
         crate::db::execute(
             tx,
@@ -512,7 +526,7 @@ async fn insert_turns(
                 &status_name(turn.status),
                 &attachments,
                 &before,
-                &Json(turn),
+                &PgJson::new(turn)?,
                 &ended,
             ],
         )

@@ -165,6 +165,50 @@ async fn what_was_perceived_stays_through_the_end() {
     });
 }
 
+/// A NUL typed in a message, written by a model or read from a file is stored: PostgreSQL
+/// (whose `jsonb` refuses it) keeps U+FFFD in its place, so the chat never stalls behind it.
+#[tokio::test]
+async fn text_holding_a_nul_is_stored_and_the_chat_goes_on() {
+    each_backend!(|backend| {
+        let files = matches!(backend, Backend::Files(_));
+        let kept = |s: &str| {
+            if files {
+                s.to_owned()
+            } else {
+                s.replace('\0', "\u{FFFD}")
+            }
+        };
+        let mut c = open(&backend);
+        let mut msg = message(1, "$1");
+        msg.text = "before\0after".into();
+        assert_eq!(c.admit(&msg).await.unwrap(), Admission::New);
+        let step = Step::Tool {
+            name: "read_file".into(),
+            arguments: "{}".into(),
+            ok: true,
+            output: "bin\0ary".into(),
+            sent_file: None,
+            picture: None,
+        };
+        c.record_step("$1", 0, &step).await.unwrap();
+        let begun = c.begin("$1").await.unwrap().unwrap();
+        assert_eq!(begun.turn.text, kept("before\0after"));
+        let Step::Tool { output, .. } = &begun.steps[0] else {
+            panic!("{:?}", begun.steps)
+        };
+        assert_eq!(output, &kept("bin\0ary"));
+        c.finish(end("$1", "said \0 this")).await.unwrap();
+        assert_eq!(c.admit(&message(2, "$2")).await.unwrap(), Admission::New);
+        let history = c.begin("$2").await.unwrap().unwrap().history;
+        assert_eq!(history.recent[0].output, kept("said \0 this"));
+        // A typed backslash-u-0000 is text, kept as it is.
+        let mut msg = message(3, "$3");
+        msg.text = r"\u0000".into();
+        c.admit(&msg).await.unwrap();
+        assert_eq!(c.turn("$3").await.unwrap().unwrap().text, r"\u0000");
+    });
+}
+
 fn outputs(turns: &[super::TurnRecord]) -> Vec<String> {
     turns.iter().map(|t| t.output.clone()).collect()
 }

@@ -95,6 +95,77 @@ fn configuration_problems_are_one_line_and_exit_code_2_in_both() {
     assert!(stderr.contains("`AGENT_BIND` must be"), "{stderr}");
 }
 
+/// A database out of reach at start is a setting that does not work: one line on stderr naming
+/// `AGENT_DATABASE_URL` (never its password) and exit code 2; with `AGENT_DATABASE_WAIT` the
+/// agent says it waits, keeps trying, and then ends the same way.
+#[test]
+fn a_database_out_of_reach_at_start_is_one_line_and_exit_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let url = format!("postgres://mxbridge:hunter2-pw@127.0.0.1:{port}/mx?sslmode=disable");
+    let root = dir.path().to_str().unwrap();
+    for wait in ["0s", "2s"] {
+        let out = run(
+            "agent",
+            &[],
+            &[
+                ("AGENT_TOKEN", "0123456789abcdef"),
+                ("AGENT_BIND", "127.0.0.1:0"),
+                ("WORKSPACE_ROOT", root),
+                ("AGENT_STATE_DIR", root),
+                ("AGENT_DATABASE_URL", &url),
+                ("AGENT_DATABASE_WAIT", wait),
+            ],
+        );
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(2), "{wait}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert!(
+            lines.len() == 1 && lines[0].starts_with("agent: AGENT_DATABASE_URL: PostgreSQL"),
+            "{wait}: {stderr}"
+        );
+        assert!(
+            !format!("{stdout}{stderr}").contains("hunter2"),
+            "{stdout}{stderr}"
+        );
+        assert_eq!(
+            stdout.contains("waiting for it"),
+            wait != "0s",
+            "{wait}: {stdout}"
+        );
+        assert!(lines[0].contains("Connection refused"), "{stderr}");
+    }
+    // A wrong password, on the test command's PostgreSQL: the server's refusal, not the password.
+    let Ok(admin) = std::env::var("MXBRIDGE_TEST_DATABASE_URL") else {
+        return;
+    };
+    let (user, rest) = admin.split_once('@').unwrap();
+    let user = user.rsplit_once(':').unwrap().0;
+    let wrong = format!("{user}:wrong-hunter2@{rest}");
+    let out = run(
+        "agent",
+        &[],
+        &[
+            ("AGENT_TOKEN", "0123456789abcdef"),
+            ("AGENT_BIND", "127.0.0.1:0"),
+            ("WORKSPACE_ROOT", root),
+            ("AGENT_STATE_DIR", root),
+            ("AGENT_DATABASE_URL", &wrong),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("28P01") && !stderr.contains("hunter2"),
+        "{stderr}"
+    );
+}
+
 /// The settings cannot drift apart: every variable either binary's `--help` lists is documented
 /// in `.env.example`, and every setting `.env.example` assigns (`NAME=` or `#NAME=`) that a
 /// binary reads is passed through by `compose.yaml`; where the README's settings table or
