@@ -188,6 +188,24 @@ dc config -q || die "compose config (compose.yaml + compose.local.yaml) does not
 # built here (it installs Hermes from PyPI into the image; the ACP tests run Hermes on the host).
 "${COMPOSE[@]}" --env-file "$REPO/.env.example" -p "$PROJECT" -f "$REPO/compose.yaml" -f "$REPO/compose.acp.yaml" config -q \
     || die "compose.acp.yaml over compose.yaml does not validate"
+# The PostgreSQL overlay (docs/scaling.md): valid over compose.yaml, and its secrets step gives
+# the postgres image a password and the agents a URL made from it, the same on a second start
+# (not started here: no PostgreSQL image can be pulled on a machine without a registry).
+"${COMPOSE[@]}" --env-file "$REPO/.env.example" -p "$PROJECT" -f "$REPO/compose.yaml" -f "$REPO/compose.postgres.yaml" config -q \
+    || die "compose.postgres.yaml over compose.yaml does not validate"
+pg_secrets="$(mktemp -d)"
+mkdir -p "$pg_secrets/in" "$pg_secrets/out/postgres"
+for _ in 1 2; do
+    env -i PATH="$PATH" MXBRIDGE_SECRETS_IN="$pg_secrets/in" MXBRIDGE_SECRETS_OUT="$pg_secrets/out" \
+        python3 "$REPO/docker/secrets/init.py" >/dev/null || die "docker/secrets/init.py failed"
+    pw="$(cat "$pg_secrets/out/postgres/POSTGRES_PASSWORD")"
+    [ "${#pw}" -ge 32 ] || die "the postgres password was not generated"
+    [ "$(cat "$pg_secrets/out/agent/AGENT_DATABASE_URL")" = "postgres://mxbridge:$pw@postgres:5432/mxbridge?sslmode=disable" ] \
+        || die "the agents' AGENT_DATABASE_URL is not made from the postgres password"
+    [ -z "${first_pw:-}" ] || [ "$first_pw" = "$pw" ] || die "the postgres password changed on a second start"
+    first_pw="$pw"
+done
+rm -rf "$pg_secrets"
 dc down -v --remove-orphans >/dev/null 2>&1 || true # leftovers of an interrupted run
 
 FAILED=1

@@ -194,6 +194,12 @@ impl Database {
         })
     }
 
+    /// Sets the pools' gauges ([`crate::metrics::pool_use`]), before a scrape.
+    pub fn record_pool_use(&self) {
+        crate::metrics::pool_use("durable", self.pool.status());
+        crate::metrics::pool_use("relaxed", self.relaxed.status());
+    }
+
     /// A connection whose commits do not wait for the disk (see [`Database`]).
     pub async fn get_relaxed(&self) -> Result<Object, DbError> {
         self.relaxed.get().await.map_err(pool_error)

@@ -3,6 +3,7 @@
 //! (touching nothing but a probe file it removes again), the pure functions here turn what it
 //! saw into [`Finding`]s. No finding carries a secret: the API key is only ever sent.
 
+mod leases;
 mod observe;
 
 use std::net::SocketAddr;
@@ -57,16 +58,27 @@ pub async fn doctor(get: impl Fn(&str) -> Option<String>) -> Report {
 /// Checks a valid configuration against the machine: workspace, state, address, model.
 pub async fn check(config: &Config) -> Vec<Finding> {
     let root = &config.workspace_root;
-    let state = match &config.database {
-        Some(db) => database(&observe::database(db).await),
-        None => state_dir(&config.state_dir, &observe::dir(&config.state_dir)),
-    };
     let mut findings = vec![
         workspace(root, &observe::workspace(root)),
         shared_workspace(&observe::sentinel(root)),
-        state,
-        bind(config.bind, &observe::bind(config.bind).await),
     ];
+    match &config.database {
+        Some(db) => {
+            let seen = observe::database(db).await;
+            findings.push(database(&seen));
+            // The leases, once the database answers with tables.
+            if let (DbSeen::Schema { found: 1.., .. }, Ok(pool)) =
+                (&seen, crate::db::Database::connect(db))
+            {
+                findings.push(leases::check(&leases::observe(&pool).await));
+            }
+        }
+        None => findings.push(state_dir(
+            &config.state_dir,
+            &observe::dir(&config.state_dir),
+        )),
+    }
+    findings.push(bind(config.bind, &observe::bind(config.bind).await));
     match &config.brain {
         BrainConfig::Builtin => findings.push(brain_builtin()),
         BrainConfig::Acp(a) => findings.push(brain_acp(&a.program, observe::program(&a.program))),
@@ -244,7 +256,7 @@ pub fn database(seen: &DbSeen) -> Finding {
             Level::Fail,
             CHECK,
             format!(
-                "the database schema is at version {found}, newer than this agent knows                  ({known}): a newer agent migrated it; run that version"
+                "the database schema is at version {found}, newer than this agent knows ({known}): a newer agent migrated it; run that version"
             ),
         ),
         DbSeen::Schema { found: 0, .. } => Finding::new(

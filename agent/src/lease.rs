@@ -33,6 +33,14 @@ pub struct Leases {
     holder: String,
 }
 
+/// A lease just taken.
+struct Taken {
+    /// Its fencing token.
+    token: i64,
+    /// Who held it before, if anyone (this process, when it renews its own).
+    from: Option<String>,
+}
+
 /// A chat's lease, held until dropped (then given back).
 #[derive(Debug)]
 pub struct Held {
@@ -77,8 +85,14 @@ impl Leases {
         &self.holder
     }
 
-    /// Waits until this process holds `chat`'s lease; `None` if `cancel` fires first.
-    pub async fn acquire(&self, chat: &ChatId, cancel: &CancellationToken) -> Option<Held> {
+    /// Waits until this process holds `chat`'s lease, to run turn `turn`; `None` if `cancel`
+    /// fires first. Taking it over from an agent that stopped renewing it is logged with both.
+    pub async fn acquire(
+        &self,
+        chat: &ChatId,
+        turn: &str,
+        cancel: &CancellationToken,
+    ) -> Option<Held> {
         let Some(db) = &self.db else {
             return Some(Held {
                 lost: CancellationToken::new(),
@@ -88,7 +102,13 @@ impl Leases {
         let (mut waited, mut failing) = (false, false);
         let token = loop {
             match self.try_take(db, chat).await {
-                Ok(Some(token)) => break token,
+                Ok(Some(Taken { token, from })) => {
+                    if let Some(from) = from.filter(|h| *h != self.holder) {
+                        crate::metrics::lease_takeover();
+                        warn!(chat_id = %chat, turn_id = turn, previous_holder = %from, token, "took the chat's lease over from an agent that stopped renewing it; its unfinished turns run here");
+                    }
+                    break token;
+                }
                 Ok(None) if !waited => {
                     info!(chat_id = %chat, "another agent holds the chat's lease; waiting for it");
                     waited = true;
@@ -128,22 +148,30 @@ impl Leases {
         })
     }
 
-    /// Takes the lease if it is free, expired or already this process's; its new token.
-    async fn try_take(&self, db: &Database, chat: &ChatId) -> Result<Option<i64>, String> {
+    /// Takes the lease if it is free, expired or already this process's: its new token, and
+    /// who held it before (one statement: the `prior` row is read in the same snapshot).
+    async fn try_take(&self, db: &Database, chat: &ChatId) -> Result<Option<Taken>, String> {
         let client = db.get_relaxed().await.map_err(|e| e.to_string())?;
         let row = crate::db::query_opt(
             &client,
-            "INSERT INTO chat_leases AS l (chat_id, holder, token, expires_at) \
+            "WITH prior AS (SELECT holder FROM chat_leases WHERE chat_id = $1) \
+                 INSERT INTO chat_leases AS l (chat_id, holder, token, expires_at) \
                  VALUES ($1, $2, 1, now() + make_interval(secs => $3)) \
                  ON CONFLICT (chat_id) DO UPDATE SET holder = EXCLUDED.holder, \
                  token = l.token + 1, expires_at = EXCLUDED.expires_at \
                  WHERE l.expires_at < now() OR l.holder = EXCLUDED.holder \
-                 RETURNING token",
+                 RETURNING token, (SELECT holder FROM prior) AS prior_holder",
             &[&chat.as_str(), &self.holder, &TTL.as_secs_f64()],
         )
         .await
         .map_err(|e| describe(&e))?;
-        Ok(row.map(|r| r.get(0)))
+        row.map(|r| {
+            Ok(Taken {
+                token: r.try_get(0).map_err(|e| describe(&e))?,
+                from: r.try_get(1).map_err(|e| describe(&e))?,
+            })
+        })
+        .transpose()
     }
 }
 

@@ -31,6 +31,16 @@ pub const IMAGES: &str = "mxbridge_agent_images_total";
 pub const QUEUE_DEPTH: &str = "mxbridge_agent_queue_depth";
 /// How long turns waited from being accepted to starting, seconds.
 pub const QUEUE_WAIT_SECONDS: &str = "mxbridge_agent_queue_wait_seconds";
+/// Database connections of a `pool` (durable, relaxed) by `state` (in_use, idle), at scrape.
+pub const DB_CONNECTIONS: &str = "mxbridge_agent_db_connections";
+/// Most connections a `pool` opens.
+pub const DB_CONNECTIONS_MAX: &str = "mxbridge_agent_db_connections_max";
+/// Operations waiting for a connection of a `pool`, at scrape.
+pub const DB_WAITING: &str = "mxbridge_agent_db_waiting";
+/// Chats' leases taken over from another agent that stopped renewing them.
+pub const LEASE_TAKEOVERS: &str = "mxbridge_agent_lease_takeovers_total";
+/// Turns started again after their recorded steps (interrupted earlier, here or elsewhere).
+pub const TURNS_RESUMED: &str = "mxbridge_agent_turns_resumed_total";
 
 /// Buckets for the `_seconds` histograms: milliseconds (tools, a local model's first byte) to
 /// minutes (a long turn).
@@ -76,6 +86,23 @@ fn install_recorder() -> Option<PrometheusHandle> {
         Unit::Seconds,
         "How long turns waited from being accepted to starting."
     );
+    describe_gauge!(
+        DB_CONNECTIONS,
+        "Database connections by pool (durable, relaxed) and state (in_use, idle)."
+    );
+    describe_gauge!(DB_CONNECTIONS_MAX, "Most connections a pool opens.");
+    describe_gauge!(
+        DB_WAITING,
+        "Operations waiting for a database connection, by pool."
+    );
+    describe_counter!(
+        LEASE_TAKEOVERS,
+        "Chats' leases taken over from an agent that stopped renewing them."
+    );
+    describe_counter!(
+        TURNS_RESUMED,
+        "Turns started again after the steps an interrupted run recorded."
+    );
     Some(handle)
 }
 
@@ -113,6 +140,25 @@ pub fn image(outcome: &'static str) {
 pub fn tokens(prompt: u64, completion: u64) {
     metrics::counter!(TOKENS, "direction" => "in").increment(prompt);
     metrics::counter!(TOKENS, "direction" => "out").increment(completion);
+}
+
+/// A connection pool's use, as `pool` stands now.
+pub fn pool_use(pool: &'static str, status: deadpool_postgres::Status) {
+    let in_use = status.size.saturating_sub(status.available);
+    metrics::gauge!(DB_CONNECTIONS, "pool" => pool, "state" => "in_use").set(in_use as f64);
+    metrics::gauge!(DB_CONNECTIONS, "pool" => pool, "state" => "idle").set(status.available as f64);
+    metrics::gauge!(DB_CONNECTIONS_MAX, "pool" => pool).set(status.max_size as f64);
+    metrics::gauge!(DB_WAITING, "pool" => pool).set(status.waiting as f64);
+}
+
+/// A chat's lease was taken over from another agent.
+pub fn lease_takeover() {
+    metrics::counter!(LEASE_TAKEOVERS).increment(1);
+}
+
+/// A turn resumed after its recorded steps.
+pub fn turn_resumed() {
+    metrics::counter!(TURNS_RESUMED).increment(1);
 }
 
 /// The turns of every chat waiting to start: [`QUEUE_DEPTH`] follows it.

@@ -76,6 +76,9 @@ pub(crate) fn without_userinfo(url: &str) -> String {
 
 /// The Prometheus text exposition of this process's metrics.
 async fn metrics(State(state): State<AppState>) -> Response {
+    if let Some(db) = &state.db {
+        db.record_pool_use();
+    }
     match &state.metrics {
         Some(handle) => (
             [(

@@ -32,6 +32,8 @@ pub struct AppState {
     pub memory: Memory,
     /// Chats' leases: one turn at a time per chat across agents sharing a database.
     pub leases: Leases,
+    /// The database, when the state is kept there.
+    pub db: Option<Database>,
     /// The brain.
     pub brain: Arc<dyn Brain>,
     /// Pictures for the model, transcription.
@@ -113,7 +115,8 @@ impl AppState {
             chats: Arc::new(Chats::new(store)),
             registry,
             memory,
-            leases: Leases::new(db),
+            leases: Leases::new(db.clone()),
+            db,
             brain,
             perception,
             shutdown,

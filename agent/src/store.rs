@@ -42,7 +42,6 @@ use tracing::{info, warn};
 pub mod admission;
 mod any;
 mod files;
-mod group;
 mod lines;
 mod log;
 pub mod pg;

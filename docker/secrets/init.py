@@ -8,8 +8,12 @@ Where a secret comes from, first found wins:
   2. the variable itself, set in .env or the shell (works, but then `docker inspect` of this
      one-shot container shows it: prefer 1 outside a laptop)
   3. for the stack's own secrets (AGENT_TOKEN, MATRIX_BOT_PASSWORD,
-     SYNAPSE_REGISTRATION_SHARED_SECRET): the value written on an earlier start, else a new
-     random one. The others are optional: without a source, their file is removed.
+     SYNAPSE_REGISTRATION_SHARED_SECRET, and POSTGRES_PASSWORD with compose.postgres.yaml): the
+     value written on an earlier start, else a new random one. The others are optional: without
+     a source, their file is removed.
+
+With compose.postgres.yaml (its `postgres` volume is mounted at /out/postgres) the agents'
+AGENT_DATABASE_URL, unless given, is made from POSTGRES_PASSWORD for the stack's own database.
 
 Each service's volume gets only its own secrets, as files named after the variable it reads
 (the image's entrypoint turns /run/mxbridge/secrets/NAME into NAME_FILE), owned by the uid the
@@ -19,6 +23,7 @@ import os
 import re
 import secrets
 import sys
+import urllib.parse
 
 IN = os.environ.get("MXBRIDGE_SECRETS_IN", "/in")
 OUT = os.environ.get("MXBRIDGE_SECRETS_OUT", "/out")
@@ -36,8 +41,12 @@ SECRETS = [
     ("MATRIX_RECOVERY_KEY", {"surface": "MATRIX_RECOVERY_KEY"}, False),
     ("SURFACE_MCP_TOKEN", {"surface": "SURFACE_MCP_TOKEN"}, False),
 ]
+# Only with compose.postgres.yaml: the database's password (read by the postgres image as
+# POSTGRES_PASSWORD_FILE), before AGENT_DATABASE_URL, which is made from it when not given.
+POSTGRES_SECRET = ("POSTGRES_PASSWORD", {"postgres": "POSTGRES_PASSWORD"}, True)
+POSTGRES_URL = "postgres://mxbridge:{}@postgres:5432/mxbridge?sslmode=disable"
 # Who reads each volume: the app images run as 10001; the Synapse steps read theirs as root.
-OWNER = {"agent": APP_UID, "surface": APP_UID, "synapse": 0}
+OWNER = {"agent": APP_UID, "surface": APP_UID, "synapse": 0, "postgres": 999}
 NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
@@ -70,15 +79,23 @@ def main():
         known = any(name == var for var, _, _ in SECRETS)
         if NAME.match(name) and not known:
             print(f"secrets: {IN}/{name} is not a secret this stack reads; ignored", flush=True)
+    # The postgres volume is there only with compose.postgres.yaml.
+    with_postgres = os.path.isdir(os.path.join(OUT, "postgres"))
     for service, uid in OWNER.items():
+        if service == "postgres" and not with_postgres:
+            continue
         root = os.path.join(OUT, service)
         os.makedirs(root, exist_ok=True)
         os.chown(root, 0, uid)
         os.chmod(root, 0o750)
-    for var, targets, generated in SECRETS:
+    made = {}
+    for var, targets, generated in ([POSTGRES_SECRET] if with_postgres else []) + SECRETS:
         value, source = read(os.path.join(IN, var)), "file"
         if value is None:
             value, source = os.environ.get(var, "").strip() or None, "environment"
+        if value is None and var == "AGENT_DATABASE_URL" and "POSTGRES_PASSWORD" in made:
+            value = POSTGRES_URL.format(urllib.parse.quote(made["POSTGRES_PASSWORD"], safe=""))
+            source = "the stack's postgres"
         if value is None and generated:
             earlier = (read(os.path.join(OUT, s, n)) for s, n in targets.items())
             value, source = next((v for v in earlier if v), None), "kept"
@@ -92,6 +109,7 @@ def main():
             else:
                 write(path, value, OWNER[service])
         if value is not None:
+            made[var] = value
             print(f"secrets: {var} ({source}) -> {', '.join(sorted(targets))}", flush=True)
 
 

@@ -97,7 +97,7 @@ pub(super) async fn turn_worker(
         // One turn at a time across every agent sharing the database, too.
         let lease = match kept.take().filter(|l| !l.lost().is_cancelled()) {
             Some(lease) => lease,
-            None => match app.leases.acquire(&chat.id, &cancel).await {
+            None => match app.leases.acquire(&chat.id, &id, &cancel).await {
                 Some(lease) => lease,
                 None => break,
             },
@@ -172,6 +172,7 @@ async fn run_turn(
         }
     };
     if !steps.is_empty() {
+        crate::metrics::turn_resumed();
         info!(
             steps = steps.len(),
             "the turn was interrupted; it resumes after its recorded steps"

@@ -5,8 +5,7 @@
 //!
 //! A turn is a row of `turns` (the message as admitted in `record`, how it ended in `ended`);
 //! admission is a call of `admit_turn` (migrations V3, V5), which locks the chat's row for the
-//! look-up and the insert, so two agents given the same message at once store it once. The
-//! admissions of all of an agent's chats are committed together ([`super::group`]).
+//! look-up and the insert, so two agents given the same message at once store it once.
 
 use std::collections::BTreeMap;
 
@@ -15,8 +14,7 @@ use protocol::{ChatId, UserMessage, WorkspacePath};
 use tokio_postgres::Row;
 use tokio_postgres::types::Json;
 
-use super::admission::{Admission, decide, warn_out_of_line};
-use super::group::{Admit, Admitter};
+use super::admission::{Admission, MAX_SEQ, MAX_SEQ_AHEAD, decide, warn_out_of_line};
 use super::pgjson::PgJson;
 use super::recent::Recent;
 use super::record::{Begun, ChatRecord};
@@ -27,23 +25,18 @@ use crate::db::{Database, DbError, Imported, describe};
 #[derive(Debug, Clone)]
 pub struct PgChats {
     db: Database,
-    admitter: Admitter,
 }
 
 impl PgChats {
     /// The chats kept in `db`.
     pub fn new(db: Database) -> Self {
-        Self {
-            admitter: Admitter::new(db.clone()),
-            db,
-        }
+        Self { db }
     }
 
     /// The record of chat `id` (rows are read when asked for).
     pub fn chat(&self, id: &ChatId) -> PgChat {
         PgChat {
             db: self.db.clone(),
-            admitter: self.admitter.clone(),
             chat_id: id.to_string(),
             recent: Recent::default(),
         }
@@ -54,7 +47,6 @@ impl PgChats {
 #[derive(Debug)]
 pub struct PgChat {
     db: Database,
-    admitter: Admitter,
     chat_id: String,
     /// The last ended turns while this agent runs the chat's turns.
     recent: Recent,
@@ -151,23 +143,31 @@ impl PgChat {
 
 impl ChatRecord for PgChat {
     async fn admit(&mut self, msg: &UserMessage) -> Result<Admission, StoreError> {
-        let turn = TurnRecord::from_message(msg);
-        let attachments = i64::try_from(turn.all_attachments().count()).unwrap_or(i64::MAX);
-        // The database locks the chat's row, looks the id up and stores the turn when `decide`
-        // would say "new", with `decide`'s bounds; together with other chats' admissions.
-        let answer = self
-            .admitter
-            .admit(Admit {
-                chat: self.chat_id.clone(),
-                id: msg.id.clone(),
-                seq: msg.seq,
-                attachments,
-                turn: PgJson::new(&turn)?,
-                room: msg.room_id.clone(),
-                thread: msg.thread_root.clone(),
-            })
-            .await?;
-        let (stored, last_seq, inserted) = (answer.stored, answer.last_seq, answer.inserted);
+        let record = TurnRecord::from_message(msg);
+        let attachments = record.all_attachments().count();
+        let turn = PgJson::new(&record)?;
+        let client = self.db.get().await?;
+        // One round trip (migrations V3, V5): the function locks the chat's row, looks the id
+        // up and stores the turn when `decide` would say "new", with `decide`'s bounds.
+        let row = crate::db::query_one(
+            &client,
+            "SELECT was_stored, prior_last_seq, inserted \
+             FROM admit_turn($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &self.chat_id,
+                &msg.id,
+                &big(msg.seq),
+                &big(MAX_SEQ),
+                &big(MAX_SEQ_AHEAD),
+                &big(attachments as u64),
+                &turn,
+                &msg.room_id,
+                &msg.thread_root,
+            ],
+        )
+        .await
+        .map_err(db_error)?;
+        let (stored, last_seq, inserted): (bool, i64, bool) = (row.get(0), row.get(1), row.get(2));
         let last_seq = u64::try_from(last_seq).unwrap_or(0);
         let admission = decide(stored, msg.seq, last_seq);
         if inserted != (admission == Admission::New) {

@@ -279,3 +279,60 @@ async fn the_doctor_reports_whether_the_model_sees_pictures_and_if_speech_is_hea
         );
     }
 }
+
+/// On PostgreSQL the doctor says the schema version and what the lease table holds: a lease a
+/// dead agent left is normal, one that expires later than any agent sets is a warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_postgres_the_schema_and_the_leases_are_checked() {
+    let Some(url) = crate::postgres::scratch().await else {
+        return;
+    };
+    let agent = TestAgent::start_with(|c| {
+        c.database = Some(agent::db::DatabaseConfig::new(
+            protocol::Secret::new(&url),
+            4,
+        ))
+    })
+    .await;
+    // The agent has created its tables once it answers a handshake.
+    let _ = agent
+        .connect(&protocol::ChatId::new("doctor").unwrap())
+        .await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "INSERT INTO chat_leases (chat_id, holder, token, expires_at) \
+             VALUES ('gone', 'dead/1/0', 3, now() - interval '1 minute')",
+        )
+        .await
+        .unwrap();
+    let vars = [("AGENT_DATABASE_URL", url.as_str())];
+    let (_, text) = examine(&agent, &vars).await;
+    let version = agent::db::known_version();
+    assert_eq!(
+        line(&text, "state"),
+        format!("ok    state: PostgreSQL answers, schema version {version}")
+    );
+    assert_eq!(
+        line(&text, "leases"),
+        "ok    leases: 0 chat(s) running on 0 agent(s); 1 lease(s) left by agents that \
+         stopped, taken over at their chats' next turn"
+    );
+    let password = url.split_once('@').unwrap().0.rsplit_once(':').unwrap().1;
+    assert!(!text.contains(password), "{text}");
+    client
+        .batch_execute(
+            "INSERT INTO chat_leases (chat_id, holder, token, expires_at) \
+             VALUES ('stuck', 'odd/1/0', 1, now() + interval '1 day')",
+        )
+        .await
+        .unwrap();
+    let (_, text) = examine(&agent, &vars).await;
+    assert!(
+        line(&text, "leases").starts_with("warn  leases: 1 lease(s) expire"),
+        "{text}"
+    );
+}

@@ -136,8 +136,23 @@ async fn a_dead_agents_lease_expires_and_the_turn_runs_elsewhere() {
         )
         .await
         .unwrap();
+    let takeovers = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("mxbridge_agent_lease_takeovers_total "))
+            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
+    };
+    let before = takeovers(&b.metrics().await);
     let t = c.turn(message(1, "$d1", "hello")).await;
     assert_eq!(t.end().status, EndStatus::Completed);
+    // Counted (the recorder is the test process's: at least this one), and the pools are shown.
+    let metrics = b.metrics().await;
+    assert!(takeovers(&metrics) >= before + 1.0, "{metrics}");
+    assert!(
+        metrics.contains("mxbridge_agent_db_connections{pool=\"durable\",state=\"in_use\"}")
+            && metrics.contains("mxbridge_agent_db_connections_max{pool=\"relaxed\"}"),
+        "{metrics}"
+    );
     let row = client
         .query_opt(
             "SELECT holder, token FROM chat_leases WHERE chat_id = $1",

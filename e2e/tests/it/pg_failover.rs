@@ -343,11 +343,27 @@ async fn three_agents_on_postgres_lose_nothing_through_kills_and_a_database_rest
     let t = tally(&sent_chats, &bot, &logs).await;
     let report = check::check(&t.timelines);
     let n = PLAIN_CHATS + ENCRYPTED_CHATS;
+    // Every lease taken over from a killed agent is logged with its chat and the turn it runs.
+    let takeovers: Vec<&str> = logs
+        .iter()
+        .flat_map(|l| l.lines())
+        .filter(|l| l.contains("took the chat's lease over"))
+        .collect();
+    for line in &takeovers {
+        assert!(
+            line.contains("chat_id=")
+                && line.contains("turn_id=")
+                && line.contains("previous_holder="),
+            "{line}"
+        );
+    }
     println!(
         "pg_failover: chats={n} messages={} agent_kills={kills} postgres_restarts=1 \
-         moved_chats={} {} history_ok={} recalled={} files_sent_once_per_request={}",
+         moved_chats={} lease_takeovers={} {} history_ok={} recalled={} \
+         files_sent_once_per_request={}",
         report.messages,
         t.moved,
+        takeovers.len(),
         report.summary(),
         t.history_ok,
         t.recalled,
