@@ -254,7 +254,7 @@ async fn run_once(hs: &Homeserver, sizes: &Sizes, seed: u64) -> Result<RunFigure
     if wants(Phase::State) {
         match std::env::var("MXBRIDGE_TEST_DATABASE_URL") {
             Ok(_) => {
-                let (chats, per_chat) = if sizes.smoke { (4, 10) } else { (12, 50) };
+                let (chats, per_chat) = if sizes.smoke { (4, 10) } else { (12, 400) };
                 note(&format!(
                     "agent state: {chats} chats x {per_chat} turns on the file store, \
                      PostgreSQL with 1 agent and with 3"
