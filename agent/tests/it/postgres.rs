@@ -136,12 +136,7 @@ async fn a_dead_agents_lease_expires_and_the_turn_runs_elsewhere() {
         )
         .await
         .unwrap();
-    let takeovers = |metrics: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("mxbridge_agent_lease_takeovers_total "))
-            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
-    };
+    let takeovers = |text: &str| metric(text, "mxbridge_agent_lease_takeovers_total");
     let before = takeovers(&b.metrics().await);
     let t = c.turn(message(1, "$d1", "hello")).await;
     assert_eq!(t.end().status, EndStatus::Completed);

@@ -50,12 +50,7 @@ async fn interrupted_turn_resumes(database: Option<String>) {
     // so running the write again would show.
     std::fs::remove_file(&out).unwrap();
     agent.restart_with(tweak).await;
-    let resumed = |metrics: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("mxbridge_agent_turns_resumed_total "))
-            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
-    };
+    let resumed = |text: &str| metric(text, "mxbridge_agent_turns_resumed_total");
     let before = resumed(&agent.metrics().await);
     let (mut c, _) = agent.connect(&chat()).await;
     let asked = c.until(|m| matches!(m, ToSurface::AskUser(_))).await;

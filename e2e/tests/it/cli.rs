@@ -106,8 +106,9 @@ fn a_database_out_of_reach_at_start_is_one_line_and_exit_code_2() {
     drop(free);
     let url = format!("postgres://mxbridge:hunter2-pw@127.0.0.1:{port}/mx?sslmode=disable");
     let root = dir.path().to_str().unwrap();
-    for wait in ["0s", "2s"] {
-        let out = run(
+    // The agent on the database `url`, waiting for it `wait`.
+    let agent_on = |url: &str, wait: &str| {
+        run(
             "agent",
             &[],
             &[
@@ -115,10 +116,13 @@ fn a_database_out_of_reach_at_start_is_one_line_and_exit_code_2() {
                 ("AGENT_BIND", "127.0.0.1:0"),
                 ("WORKSPACE_ROOT", root),
                 ("AGENT_STATE_DIR", root),
-                ("AGENT_DATABASE_URL", &url),
+                ("AGENT_DATABASE_URL", url),
                 ("AGENT_DATABASE_WAIT", wait),
             ],
-        );
+        )
+    };
+    for wait in ["0s", "2s"] {
+        let out = agent_on(&url, wait);
         let (stdout, stderr) = (
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
@@ -147,17 +151,7 @@ fn a_database_out_of_reach_at_start_is_one_line_and_exit_code_2() {
     let (user, rest) = admin.split_once('@').unwrap();
     let user = user.rsplit_once(':').unwrap().0;
     let wrong = format!("{user}:wrong-hunter2@{rest}");
-    let out = run(
-        "agent",
-        &[],
-        &[
-            ("AGENT_TOKEN", "0123456789abcdef"),
-            ("AGENT_BIND", "127.0.0.1:0"),
-            ("WORKSPACE_ROOT", root),
-            ("AGENT_STATE_DIR", root),
-            ("AGENT_DATABASE_URL", &wrong),
-        ],
-    );
+    let out = agent_on(&wrong, "0s");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
