@@ -50,6 +50,7 @@ const SURFACE: &[&[&str]] = &[
 
 /// The agent's modules, bottom to top.
 const AGENT: &[&[&str]] = &[
+    &["metrics"],
     &["db"],
     &[
         "config",
@@ -58,7 +59,6 @@ const AGENT: &[&[&str]] = &[
         "lease",
         "logging",
         "memory",
-        "metrics",
         "store",
     ],
     &["speaker"],
