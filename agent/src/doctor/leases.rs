@@ -109,14 +109,17 @@ pub fn check(seen: &LeasesSeen) -> Finding {
 mod tests {
     use super::*;
 
-    #[test]
-    fn leases_are_counted_and_only_a_lease_from_the_future_is_a_warning() {
-        let counts = |held, holders, expired, too_far| LeasesSeen::Counts {
+    fn counts(held: i64, holders: i64, expired: i64, too_far: i64) -> LeasesSeen {
+        LeasesSeen::Counts {
             held,
             holders,
             expired,
             too_far,
-        };
+        }
+    }
+
+    #[test]
+    fn leases_are_counted_and_only_a_lease_from_the_future_is_a_warning() {
         let cases = [
             (LeasesSeen::NoTable, Level::Ok, "no lease table yet"),
             (
@@ -158,15 +161,7 @@ mod tests {
         let Some(db) = crate::db::test_database().await else {
             return;
         };
-        assert_eq!(
-            observe(&db).await,
-            LeasesSeen::Counts {
-                held: 0,
-                holders: 0,
-                expired: 0,
-                too_far: 0
-            }
-        );
+        assert_eq!(observe(&db).await, counts(0, 0, 0, 0));
         let client = db.get().await.unwrap();
         client
             .batch_execute(
@@ -178,15 +173,7 @@ mod tests {
             .await
             .unwrap();
         let seen = observe(&db).await;
-        assert_eq!(
-            seen,
-            LeasesSeen::Counts {
-                held: 2,
-                holders: 1,
-                expired: 1,
-                too_far: 1
-            }
-        );
+        assert_eq!(seen, counts(2, 1, 1, 1));
         assert_eq!(check(&seen).level, Level::Warn);
     }
 }
