@@ -238,8 +238,13 @@ async fn a_statement_held_up_by_the_database_fails_within_the_timeout() {
         }
     };
     assert!(refused.message.contains("could not store"), "{refused:?}");
+    // The server's timer may fire a few milliseconds early (997 ms was seen): what matters is
+    // that the refusal came from the timeout, not at once.
     let took = started.elapsed();
-    assert!(took >= timeout, "refused before the timeout: {took:?}");
+    assert!(
+        took >= timeout * 9 / 10,
+        "refused before the timeout: {took:?}"
+    );
     assert!(c.recv().await.is_none(), "the connection closes");
     lock.rollback().await.unwrap();
     let (mut c, _) = a.connect(&chat()).await;
