@@ -194,10 +194,16 @@ pub enum Fig {
     /// that exchange).
     VoiceOverhead(Stat),
     /// A message's admission to its `ack` with the agent's state in PostgreSQL, one agent, ms
-    /// (comparator: the file store).
-    StateAdmit(Stat),
+    /// (comparator: the file store): `paced`, every chat sending at a fixed rate that leaves the
+    /// machine half idle (what a message meets in service); otherwise back to back, every chat
+    /// sending its next message as soon as the previous one is answered (the machine saturated:
+    /// the wait is mostly for a core).
+    StateAdmit { paced: bool, stat: Stat },
     /// Turns per second with the state in PostgreSQL, one agent (comparator: the file store).
     StateTurns,
+    /// Turns per second with the state in PostgreSQL, one agent held to 1/8 core (comparator:
+    /// the file store, one agent held to the same).
+    StateTurnsLimited,
     /// Turns per second with three agents on PostgreSQL (comparator: one agent).
     StateTurnsThree,
     /// The ACP brain's time from a message to the ACP agent reading `session/prompt`, ms
@@ -279,9 +285,24 @@ impl Fig {
             Fig::ImagePrepRss,
             Fig::VoiceOverhead(Stat::P50),
             Fig::VoiceOverhead(Stat::P99),
-            Fig::StateAdmit(Stat::P50),
-            Fig::StateAdmit(Stat::P99),
+            Fig::StateAdmit {
+                paced: false,
+                stat: Stat::P50,
+            },
+            Fig::StateAdmit {
+                paced: false,
+                stat: Stat::P99,
+            },
+            Fig::StateAdmit {
+                paced: true,
+                stat: Stat::P50,
+            },
+            Fig::StateAdmit {
+                paced: true,
+                stat: Stat::P99,
+            },
             Fig::StateTurns,
+            Fig::StateTurnsLimited,
             Fig::StateTurnsThree,
             Fig::AcpIn(Stat::P50),
             Fig::AcpIn(Stat::P99),
@@ -506,18 +527,33 @@ impl Fig {
                 "convert -resize",
                 Some(Target::RatioAtMost(1.0)),
             ),
-            Fig::StateAdmit(stat) => s(
-                format!("state_admit_{}_ms", stat.as_str()),
-                format!("admission to ack {} (PostgreSQL)", stat.as_str()),
+            Fig::StateAdmit { paced, stat } => s(
+                format!(
+                    "state_admit_{}{}_ms",
+                    if paced { "paced_" } else { "" },
+                    stat.as_str()
+                ),
+                format!(
+                    "admission to ack {} {} (PostgreSQL)",
+                    if paced { "paced" } else { "back-to-back" },
+                    stat.as_str()
+                ),
                 "ms",
                 "file store",
-                (stat == Stat::P99).then_some(Target::AtMost(5.0)),
+                (paced && stat == Stat::P99).then_some(Target::AtMost(5.0)),
             ),
             Fig::StateTurns => s(
                 "state_turns_pg".into(),
                 "turns, PostgreSQL, 1 agent".into(),
                 "/s",
                 "file store",
+                Some(Target::RatioAtLeast(0.8)),
+            ),
+            Fig::StateTurnsLimited => s(
+                "state_turns_pg_agent_bound".into(),
+                "turns, PostgreSQL, 1 agent, 1/8 core".into(),
+                "/s",
+                "file store, 1 agent, 1/8 core",
                 Some(Target::RatioAtLeast(0.8)),
             ),
             Fig::AcpIn(stat) => s(
