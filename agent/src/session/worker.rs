@@ -115,6 +115,14 @@ pub(super) async fn turn_worker(
         };
         run_turn(&app, &chat, &link, &id, queued, &turn_scope, &running).await;
         stop_on_loss.abort();
+        if turn_scope.is_cancelled() && !cancel.is_cancelled() {
+            // Stopped by the lease's loss (the renewal said why), unfinished: it stays pending.
+            // Only a new connection runs a pending turn again, so this one ends: the surface
+            // reconnects and sends the turn again, to run wherever the lease is then held.
+            warn!(chat_id = %chat.id, turn_id = %id, "the chat's lease was lost during the turn; it stays pending, and the connection closes so that the surface sends it again");
+            link.out.close(CloseReason::Internal).await;
+            break;
+        }
         kept = Some(lease);
     }
     chat.idle().await;

@@ -347,6 +347,10 @@ impl ChatRecord for PgChat {
         user: &str,
         key: &(String, String),
     ) -> Result<bool, StoreError> {
+        if holds_nul(user, key) {
+            // Never stored (below), so never allowed: asked again.
+            return Ok(false);
+        }
         let client = self.db.get().await?;
         let row = crate::db::query_opt(
             &client,
@@ -360,6 +364,14 @@ impl ChatRecord for PgChat {
     }
 
     async fn allow_always(&mut self, user: &str, key: (String, String)) -> Result<(), StoreError> {
+        if holds_nul(user, &key) {
+            return Err(StoreError::Database(format!(
+                "an approval of {} whose resource holds U+0000 cannot be remembered (the \
+                 database's text refuses it, and replacing it would make two resources one \
+                 approval); it is asked for again",
+                key.0.escape_debug()
+            )));
+        }
         let client = self.db.get().await?;
         self.ensure_row(&client).await?;
         crate::db::execute(
@@ -420,6 +432,12 @@ impl ChatRecord for PgChat {
     fn idle(&mut self) {
         self.recent.clear();
     }
+}
+
+/// Whether an approval's user, tool or resource holds U+0000, which PostgreSQL's `text` refuses
+/// (a model's tool arguments can hold it; paths are refused before this).
+fn holds_nul(user: &str, (tool, resource): &(String, String)) -> bool {
+    [user, tool, resource].iter().any(|s| s.contains('\0'))
 }
 
 impl PgChats {

@@ -296,6 +296,35 @@ async fn approvals_are_remembered_per_user() {
     });
 }
 
+/// An approval whose resource holds U+0000 (a model's tool arguments can): the file store
+/// remembers it; PostgreSQL's text cannot hold it, so it is refused there with a reason and never
+/// found (asked again), never stored as another resource that would then be allowed too.
+#[tokio::test]
+async fn an_approval_holding_a_nul_is_remembered_or_refused_never_merged() {
+    each_backend!(|backend| {
+        let mut c = open(&backend);
+        let nul = ("t".to_owned(), "a\0b".to_owned());
+        let look_alike = ("t".to_owned(), "a\u{FFFD}b".to_owned());
+        let stored = c.allow_always("@a:x", nul.clone()).await;
+        match &backend {
+            Backend::Files(_) => {
+                stored.unwrap();
+                assert!(c.is_always_allowed("@a:x", &nul).await.unwrap());
+            }
+            Backend::Postgres(_) => {
+                let e = stored.unwrap_err().to_string();
+                assert!(e.contains("U+0000") && e.contains("asked for again"), "{e}");
+                assert!(!c.is_always_allowed("@a:x", &nul).await.unwrap());
+            }
+        }
+        assert!(!c.is_always_allowed("@a:x", &look_alike).await.unwrap());
+        // The chat's other approvals are unaffected.
+        let plain = ("t".to_owned(), "ab".to_owned());
+        c.allow_always("@a:x", plain.clone()).await.unwrap();
+        assert!(c.is_always_allowed("@a:x", &plain).await.unwrap());
+    });
+}
+
 /// Agents racing with one message store it once (the database decides; a file log has one
 /// owner, whose chat lock orders its admissions).
 #[tokio::test]

@@ -162,6 +162,72 @@ async fn a_dead_agents_lease_expires_and_the_turn_runs_elsewhere() {
     }
 }
 
+/// A turn whose lease another agent took meanwhile (this one could not renew it in time: paused,
+/// or cut off from the database) stops unfinished and stays pending, and its connection closes:
+/// only a new connection runs a pending turn again, so the surface reconnects and sends it again,
+/// and it runs once the lease is free instead of the room waiting on a turn that never ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_whose_lease_is_taken_stops_and_its_connection_closes_to_be_sent_again() {
+    let Some(url) = scratch().await else { return };
+    let a = TestAgent::start_with(on(&url)).await;
+    let (mut c, _) = a.connect(&chat()).await;
+    c.submit(message(1, "$l1", "approve deploy")).await;
+    c.until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+        .await;
+    let client = sql(&url).await;
+    let taken = client
+        .execute(
+            "UPDATE chat_leases SET holder = 'other-agent/1/0', token = token + 1, \
+             expires_at = now() + interval '1 hour' WHERE chat_id = $1",
+            &[&chat().as_str()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken, 1, "the agent held the chat's lease during its turn");
+    // Its next renewal finds the lease another's: the turn stops, the connection closes.
+    let mut after = Vec::new();
+    while let Some(m) = c.recv().await {
+        after.push(m);
+    }
+    assert!(
+        !after.iter().any(|m| matches!(m, ToSurface::End(_))),
+        "no end for a turn that did not finish: {after:?}"
+    );
+    let status: String = client
+        .query_one(
+            "SELECT status FROM turns WHERE chat_id = $1 AND id = '$l1'",
+            &[&chat().as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "pending");
+    // The other agent gives the lease back; the surface reconnects and sends the turn again.
+    client
+        .execute(
+            "DELETE FROM chat_leases WHERE chat_id = $1",
+            &[&chat().as_str()],
+        )
+        .await
+        .unwrap();
+    let (mut c, _) = a.connect(&chat()).await;
+    let ack = c.submit(message(1, "$l1", "approve deploy")).await;
+    assert!(ack.duplicate, "stored once: {ack:?}");
+    let asked = c
+        .until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+        .await;
+    let Some(ToSurface::ApprovalRequest(r)) = asked.messages.last() else {
+        unreachable!()
+    };
+    c.send(ApprovalDecision {
+        request_id: r.request_id.clone(),
+        decision: Decision::AllowOnce,
+        by: USER.into(),
+    })
+    .await;
+    assert_eq!(c.until_end("$l1").await.end().status, EndStatus::Completed);
+}
+
 /// A turn whose end the database refuses for a while is not reported ended until its end is
 /// stored: the agent tries again, and the surface gets `end` only then (an `end` for a turn
 /// still pending would make the surface forget a turn that runs again).
@@ -213,7 +279,7 @@ async fn a_turn_ends_only_once_its_end_is_stored() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_statement_held_up_by_the_database_fails_within_the_timeout() {
     let Some(url) = scratch().await else { return };
-    let timeout = std::time::Duration::from_secs(1);
+    let timeout = std::time::Duration::from_secs(3);
     let a = TestAgent::start_with(|c: &mut Config| {
         let mut db = DatabaseConfig::new(Secret::new(&url), 8);
         db.statement_timeout = timeout;
@@ -226,9 +292,31 @@ async fn a_statement_held_up_by_the_database_fails_within_the_timeout() {
     lock.batch_execute("LOCK TABLE chats IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let started = std::time::Instant::now();
     c.send(ToAgent::UserMessage(message(1, "$h1", "hello")))
         .await;
+    // The admission waits for the lock (seen by the server); it is refused while the lock is
+    // still held, so by the statement timeout and not at once.
+    let watch = sql(&url).await;
+    let waiting = async {
+        loop {
+            let n: i64 = watch
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE '%admit_turn%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(timeout, waiting)
+        .await
+        .expect("the admission waited for the lock");
     let refused = loop {
         match c.recv().await {
             Some(ToSurface::Error(e)) => break e,
@@ -238,13 +326,6 @@ async fn a_statement_held_up_by_the_database_fails_within_the_timeout() {
         }
     };
     assert!(refused.message.contains("could not store"), "{refused:?}");
-    // The server's timer may fire a few milliseconds early (997 ms was seen): what matters is
-    // that the refusal came from the timeout, not at once.
-    let took = started.elapsed();
-    assert!(
-        took >= timeout * 9 / 10,
-        "refused before the timeout: {took:?}"
-    );
     assert!(c.recv().await.is_none(), "the connection closes");
     lock.rollback().await.unwrap();
     let (mut c, _) = a.connect(&chat()).await;
