@@ -213,18 +213,7 @@ async fn a_turn_whose_lease_is_taken_stops_and_its_connection_closes_to_be_sent_
     let (mut c, _) = a.connect(&chat()).await;
     let ack = c.submit(message(1, "$l1", "approve deploy")).await;
     assert!(ack.duplicate, "stored once: {ack:?}");
-    let asked = c
-        .until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
-        .await;
-    let Some(ToSurface::ApprovalRequest(r)) = asked.messages.last() else {
-        unreachable!()
-    };
-    c.send(ApprovalDecision {
-        request_id: r.request_id.clone(),
-        decision: Decision::AllowOnce,
-        by: USER.into(),
-    })
-    .await;
+    c.answer_approval(Decision::AllowOnce).await;
     assert_eq!(c.until_end("$l1").await.end().status, EndStatus::Completed);
 }
 

@@ -389,6 +389,24 @@ impl Client {
         }
     }
 
+    /// Waits for the next approval request and answers it with `decision` as [`USER`]; what
+    /// came until the request (the request last).
+    pub async fn answer_approval(&mut self, decision: protocol::Decision) -> Transcript {
+        let asked = self
+            .until(|m| matches!(m, ToSurface::ApprovalRequest(_)))
+            .await;
+        let Some(ToSurface::ApprovalRequest(r)) = asked.messages.last() else {
+            unreachable!("`until` returns the matching message last")
+        };
+        self.send(protocol::ApprovalDecision {
+            request_id: r.request_id.clone(),
+            decision,
+            by: USER.into(),
+        })
+        .await;
+        asked
+    }
+
     /// Runs one turn: submit, expect a fresh ack, collect to `end`.
     pub async fn turn(&mut self, msg: UserMessage) -> Transcript {
         let id = msg.id.clone();
