@@ -209,7 +209,7 @@ async fn settle(url: &str) -> Result<()> {
     Ok(())
 }
 
-/// Measures the three configurations with `chats` chats of `per_chat` turns each.
+/// Measures every series of the module's doc with `chats` chats of `per_chat` turns each.
 pub async fn measure(chats: usize, per_chat: usize) -> Result<RunFigures> {
     let scratch = || async {
         crate::postgres::scratch_database("bench")
