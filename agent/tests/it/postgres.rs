@@ -28,6 +28,18 @@ async fn sql(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// The stored status of turn `id` of the test's chat.
+async fn status(client: &tokio_postgres::Client, id: &str) -> String {
+    client
+        .query_one(
+            "SELECT status FROM turns WHERE chat_id = $1 AND id = $2",
+            &[&chat().as_str(), &id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 fn on(url: &str) -> impl FnOnce(&mut Config) + '_ {
     move |c| c.database = Some(DatabaseConfig::new(Secret::new(url), 8))
 }
@@ -193,15 +205,7 @@ async fn a_turn_whose_lease_is_taken_stops_and_its_connection_closes_to_be_sent_
         !after.iter().any(|m| matches!(m, ToSurface::End(_))),
         "no end for a turn that did not finish: {after:?}"
     );
-    let status: String = client
-        .query_one(
-            "SELECT status FROM turns WHERE chat_id = $1 AND id = '$l1'",
-            &[&chat().as_str()],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(status, "pending");
+    assert_eq!(status(&client, "$l1").await, "pending");
     // The other agent gives the lease back; the surface reconnects and sends the turn again.
     client
         .execute(
@@ -251,15 +255,7 @@ async fn a_turn_ends_only_once_its_end_is_stored() {
         started.elapsed()
     );
     let client = lifted.await.unwrap();
-    let status: String = client
-        .query_one(
-            "SELECT status FROM turns WHERE chat_id = $1 AND id = '$e1'",
-            &[&chat().as_str()],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(status, "completed");
+    assert_eq!(status(&client, "$e1").await, "completed");
 }
 
 /// A database that holds a statement up (here: a lock never released) fails it within the
